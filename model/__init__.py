@@ -1,0 +1,1 @@
+"""REGRAB model components, one per file (encoder, graph prior, sampler, model)."""

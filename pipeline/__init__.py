@@ -1,0 +1,1 @@
+"""Shared plumbing for the REGRAB pipeline: config, Parquet I/O, schemas, flows."""

@@ -1,0 +1,1 @@
+"""One module per DVC stage; each has a ``main()`` that takes paths as arguments."""
