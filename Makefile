@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: repro test lint bench clean-venv
+.PHONY: repro test lint clean-venv prefect-server prefect-serve prefect-run prefect-stop
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,3 +27,18 @@ lint: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Scheduled retrains (README "Scheduled retrains"): server, serve the deployment, trigger, stop.
+STACK := PYTHON=$(abspath $(BIN))/python scripts/prefect_stack.sh
+
+prefect-server: $(STAMP)
+	$(STACK) server-start
+
+prefect-serve: $(STAMP)
+	$(STACK) serve-start $(SERVE_ARGS)
+
+prefect-run: $(STAMP)
+	$(STACK) run $(RUN_ARGS)
+
+prefect-stop:
+	$(STACK) stop

@@ -13,8 +13,12 @@ def _mirror(tmp_path: Path) -> tuple[Path, dict]:
     (mirror / "fewrel").mkdir(parents=True)
     payload = b'{"P1": []}'
     (mirror / "fewrel" / "a.json").write_bytes(payload)
-    files = {"fewrel/a.json": {"url": "https://example.invalid/a.json",
-                               "sha256": hashlib.sha256(payload).hexdigest()}}
+    files = {
+        "fewrel/a.json": {
+            "url": "https://example.invalid/a.json",
+            "sha256": hashlib.sha256(payload).hexdigest(),
+        }
+    }
     return mirror, files
 
 
@@ -48,7 +52,9 @@ def test_unknown_checksum_is_accepted(tmp_path: Path) -> None:
 def test_missing_mirror_file_names_file_and_fix(tmp_path: Path) -> None:
     mirror, files = _mirror(tmp_path)
     files["fewrel/b.json"] = {"url": "https://example.invalid/b.json", "sha256": None}
-    with pytest.raises(PipelineError, match=r"fewrel/b.json is missing from the data mirror.*unset",
+    with pytest.raises(
+        PipelineError,
+        match=r"fewrel/b.json is missing from the data mirror.*unset",
     ):
         fetch.fetch_all(files, tmp_path / "out", mirror=mirror)
 

@@ -22,9 +22,9 @@ def test_valid_and_malformed_records_are_counted(tmp_path: Path) -> None:
     data = {
         "P19": [
             good,
-            fewrel_record(TOKENS, [0], [9]),                    # tail outside sentence
-            {"tokens": [], "h": good["h"], "t": good["t"]},     # empty tokens
-            fewrel_record(TOKENS, [0, 1], [1, 2]),              # overlapping entities
+            fewrel_record(TOKENS, [0], [9]),  # tail outside sentence
+            {"tokens": [], "h": good["h"], "t": good["t"]},  # empty tokens
+            fewrel_record(TOKENS, [0, 1], [1, 2]),  # overlapping entities
             {"tokens": TOKENS, "h": ["Alice", "Q1", []], "t": good["t"]},  # no mention
             "not a record",
         ],
@@ -38,16 +38,26 @@ def test_valid_and_malformed_records_are_counted(tmp_path: Path) -> None:
     assert report["kept"] == 2
     assert report["skipped"] == 5
     assert report["skipped_by_reason"] == {
-        "empty_tokens": 1, "head_no_mention": 1, "not_an_object": 1,
-        "overlapping_entities": 1, "tail_span_outside_sentence": 1,
+        "empty_tokens": 1,
+        "head_no_mention": 1,
+        "not_an_object": 1,
+        "overlapping_entities": 1,
+        "tail_span_outside_sentence": 1,
     }
     table = pq.read_table(tmp_path / "out" / "val_nyt.parquet")
     assert table.schema.equals(FEWSHOT_SCHEMA)
     rows = table.to_pylist()
     assert rows[0] == {
-        "instance_id": "val_nyt-P19-00000", "relation": "P19", "relation_name": "place of birth",
-        "tokens": TOKENS, "head_start": 0, "head_end": 1, "tail_start": 4, "tail_end": 5,
-        "head_id": "Q1", "tail_id": "Q2",
+        "instance_id": "val_nyt-P19-00000",
+        "relation": "P19",
+        "relation_name": "place of birth",
+        "tokens": TOKENS,
+        "head_start": 0,
+        "head_end": 1,
+        "tail_start": 4,
+        "tail_end": 5,
+        "head_id": "Q1",
+        "tail_id": "Q2",
     }
     # No name in pid2name: the id stands in; an empty Qid becomes null.
     assert rows[1]["relation_name"] == "P27" and rows[1]["head_id"] is None
@@ -81,8 +91,9 @@ def test_missing_input_file(tmp_path: Path) -> None:
 
 
 def test_mirror_datasets_convert_completely(mirror: Path, tmp_path: Path) -> None:
-    reports = prepare_fewshot.prepare(mirror / "fewrel", tmp_path, ["val_nyt", "val_wiki"],
-                                      mirror / "fewrel" / "pid2name.json")
+    reports = prepare_fewshot.prepare(
+        mirror / "fewrel", tmp_path, ["val_nyt", "val_wiki"], mirror / "fewrel" / "pid2name.json"
+    )
     assert (reports["val_nyt"]["kept"], reports["val_nyt"]["relations"]) == (2500, 25)
     assert (reports["val_wiki"]["kept"], reports["val_wiki"]["relations"]) == (11200, 16)
     nyt = pq.read_table(tmp_path / "val_nyt.parquet")

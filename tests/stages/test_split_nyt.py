@@ -17,11 +17,20 @@ def _table(n_relations: int = 10, per_relation: int = 30, small: dict | None = N
     for r in range(n_relations):
         relation = f"P{r + 1}"
         for i in range((small or {}).get(relation, per_relation)):
-            rows.append({
-                "instance_id": f"x-{relation}-{i}", "relation": relation, "relation_name": relation,
-                "tokens": ["a", "b", "c"], "head_start": 0, "head_end": 1, "tail_start": 2,
-                "tail_end": 3, "head_id": None, "tail_id": None,
-            })
+            rows.append(
+                {
+                    "instance_id": f"x-{relation}-{i}",
+                    "relation": relation,
+                    "relation_name": relation,
+                    "tokens": ["a", "b", "c"],
+                    "head_start": 0,
+                    "head_end": 1,
+                    "tail_start": 2,
+                    "tail_end": 3,
+                    "head_id": None,
+                    "tail_id": None,
+                }
+            )
     return pa.Table.from_pylist(rows, schema=FEWSHOT_SCHEMA)
 
 
