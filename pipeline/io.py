@@ -33,6 +33,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    # mkstemp creates 0600 files; artifacts should get the usual umask-based mode.
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp_path.chmod(0o666 & ~umask)
     try:
         yield tmp_path
         os.replace(tmp_path, path)

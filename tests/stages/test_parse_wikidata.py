@@ -1,0 +1,691 @@
+"""Tests for stages.parse_wikidata: tiny dumps and triple files built here, exact triple sets."""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import json
+from multiprocessing.pool import ThreadPool
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from pipeline.config import data_mirror
+from pipeline.errors import PipelineError, run_cli
+from pipeline.io import read_parquet
+from pipeline.schemas import RELATIONS_SCHEMA, TRIPLES_SCHEMA
+from stages import parse_wikidata as pw
+
+# --------------------------------------------------------------------------- builders
+
+
+def item_value(qid: str, fmt: str = "current") -> dict:
+    """An item datavalue in the current (``id`` + ``numeric-id``) or older (numeric) form."""
+    value = {"entity-type": "item", "numeric-id": int(qid[1:])}
+    if fmt == "current":
+        value["id"] = qid
+    return {"value": value, "type": "wikibase-entityid"}
+
+
+def snak(pid: str, datavalue: dict | None = None, snaktype: str = "value") -> dict:
+    out = {"snaktype": snaktype, "property": pid, "datatype": "wikibase-item"}
+    if datavalue is not None:
+        out["datavalue"] = datavalue
+    return out
+
+
+def statement(pid: str, target: str, rank: str = "normal", fmt: str = "current", **extra) -> dict:
+    return {
+        "mainsnak": snak(pid, item_value(target, fmt)),
+        "type": "statement",
+        "rank": rank,
+        **extra,
+    }
+
+
+def item(qid: str, *statements: dict, **extra) -> dict:
+    claims: dict[str, list] = {}
+    for st in statements:
+        claims.setdefault(st["mainsnak"]["property"], []).append(st)
+    return {"type": "item", "id": qid, "labels": {}, "claims": claims, **extra}
+
+
+def prop(pid: str, label: str | None) -> dict:
+    labels = {"en": {"language": "en", "value": label}} if label else {}
+    labels["de"] = {"language": "de", "value": "x"}
+    return {
+        "type": "property",
+        "id": pid,
+        "datatype": "wikibase-item",
+        "labels": labels,
+        "claims": {},
+    }
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    data = ("\n".join(lines) + "\n").encode()
+    if path.suffix == ".bz2":
+        path.write_bytes(bz2.compress(data))
+    elif path.suffix == ".gz":
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def write_dump(path: Path, entities: list, layout: str = "official", raw: list[str] = ()) -> Path:
+    """A dump in the official layout (``[``, lines ending in ``,``, ``]``) or one per line.
+
+    ``raw`` lines are inserted verbatim after the first entity.
+    """
+    lines = [json.dumps(e) for e in entities]
+    lines[1:1] = list(raw)
+    if layout == "official":
+        lines = ["["] + [f"{line}," if line else "" for line in lines[:-1]] + [lines[-1], "]"]
+    return write_lines(path, lines)
+
+
+def run(tmp_path: Path, inputs: list[Path], *extra: str) -> tuple[set, list[dict], dict]:
+    """Run the stage; return the triple set, the rows in order, and the report."""
+    out, report = tmp_path / "out" / "triples.parquet", tmp_path / "out" / "report.json"
+    result = pw.main(
+        [
+            "--out",
+            str(out),
+            "--report",
+            str(report),
+            "--workers",
+            "1",
+            "--no-progress",
+            *map(str, inputs),
+            *extra,
+        ]
+    )
+    rows = read_parquet(out, TRIPLES_SCHEMA).to_pylist()
+    assert json.loads(report.read_text()) == json.loads(json.dumps(result))
+    return {(r["head"], r["relation"], r["tail"]) for r in rows}, rows, result
+
+
+def by_name(report: dict) -> dict[str, dict]:
+    return {item["name"]: item for item in report["inputs"]}
+
+
+# --------------------------------------------------------------------------- dumps
+
+ENTITIES = [
+    item("Q1", statement("P31", "Q5"), statement("P17", "Q30", rank="preferred")),
+    item("Q2", statement("P31", "Q5"), statement("P31", "Q6", rank="deprecated")),
+    item("Q3", statement("P150", "Q1"), statement("P150", "Q2")),
+]
+EXPECTED = {
+    ("Q1", "P31", "Q5"),
+    ("Q1", "P17", "Q30"),
+    ("Q2", "P31", "Q5"),
+    ("Q3", "P150", "Q1"),
+    ("Q3", "P150", "Q2"),
+}
+
+
+@pytest.mark.parametrize("layout", ["official", "lines"])
+@pytest.mark.parametrize("suffix", [".json", ".json.bz2", ".json.gz"])
+@pytest.mark.parametrize("fmt", ["current", "old"])
+def test_dump_layouts_compressions_and_id_formats(tmp_path, layout, suffix, fmt):
+    entities = json.loads(json.dumps(ENTITIES))
+    if fmt == "old":
+        for entity in entities:
+            for statements in entity["claims"].values():
+                for st in statements:
+                    del st["mainsnak"]["datavalue"]["value"]["id"]
+    path = write_dump(tmp_path / f"dump{suffix}", entities, layout)
+    triples, rows, report = run(tmp_path, [path])
+    assert triples == EXPECTED
+    assert len(rows) == 5
+    stats = report["inputs"][0]
+    assert stats["format"] == "dump"
+    assert stats["compression"] == {".json": "none", ".json.bz2": "bz2", ".json.gz": "gzip"}[suffix]
+    assert (stats["entities"], stats["triples"], stats["distinct_triples"]) == (3, 5, 5)
+    assert stats["malformed_lines"] == 0 and stats["malformed_statements"] == 0
+    assert stats["lines"] == (5 if layout == "official" else 3)
+    assert {r["source"] for r in rows} == {path.name}
+
+
+def test_only_item_valued_main_snaks_of_non_deprecated_statements(tmp_path):
+    string_value = {"value": "abc", "type": "string"}
+    quantity = {"value": {"amount": "+5", "unit": "1"}, "type": "quantity"}
+    property_value = {
+        "value": {"entity-type": "property", "numeric-id": 31, "id": "P31"},
+        "type": "wikibase-entityid",
+    }
+    lexeme_value = {
+        "value": {"entity-type": "lexeme", "numeric-id": 7, "id": "L7"},
+        "type": "wikibase-entityid",
+    }
+    id_only = {"value": {"id": "Q77"}, "type": "wikibase-entityid"}
+    qualifiers = {"P580": [snak("P580", item_value("Q900"))]}
+    references = [{"snaks": {"P143": [snak("P143", item_value("Q901"))]}}]
+    entity = item(
+        "Q10",
+        statement("P31", "Q5", rank="normal", qualifiers=qualifiers, references=references),
+        statement("P27", "Q30", rank="preferred"),
+        statement("P106", "Q40", rank="deprecated"),
+        statement("P69", "Q50", rank="deprecated"),
+        statement("P69", "Q50", rank="normal"),  # deprecated twin does not hide it
+        statement("P31", "Q5", rank="preferred"),  # the same triple again
+        {"mainsnak": snak("P1", string_value), "rank": "normal"},
+        {"mainsnak": snak("P2", quantity), "rank": "normal"},
+        {"mainsnak": snak("P3", property_value), "rank": "normal"},
+        {"mainsnak": snak("P4", lexeme_value), "rank": "normal"},
+        {"mainsnak": snak("P5", snaktype="somevalue"), "rank": "normal"},
+        {"mainsnak": snak("P6", snaktype="novalue"), "rank": "normal"},
+        {"mainsnak": snak("P7", id_only)},  # no rank: a normal statement
+    )
+    # Property and lexeme entities carry statements too, but their heads are not items.
+    other_heads = [
+        {**prop("P31", "instance of"), "claims": {"P1629": [statement("P1629", "Q21")]}},
+        {"type": "lexeme", "id": "L1", "claims": {"P5137": [statement("P5137", "Q22")]}},
+        {"type": "item", "id": "Q11", "claims": []},  # no statements serialises as []
+    ]
+    path = write_dump(tmp_path / "d.json", [entity, *other_heads])
+    triples, rows, report = run(tmp_path, [path])
+    assert triples == {
+        ("Q10", "P31", "Q5"),
+        ("Q10", "P27", "Q30"),
+        ("Q10", "P69", "Q50"),
+        ("Q10", "P7", "Q77"),
+    }
+    assert len(rows) == 4
+    stats = report["inputs"][0]
+    assert (stats["entities"], stats["property_entities"], stats["triples"]) == (4, 1, 5)
+    assert stats["malformed_lines"] == 0 and stats["malformed_statements"] == 0
+
+
+def test_malformed_lines_are_skipped_and_counted(tmp_path):
+    good = [
+        item("Q1", statement("P31", "Q5")),
+        item("Q2", statement("P31", "Q6")),
+        item("Q3", statement("P17", "Q7")),
+    ]
+    broken_statement = item("Q4", statement("P31", "Q8"))
+    broken_statement["claims"]["P17"] = [{"rank": "normal"}]  # no mainsnak
+    broken_statement["claims"]["P18"] = [
+        {
+            "mainsnak": snak(
+                "P18", {"type": "wikibase-entityid", "value": {"entity-type": "item", "id": "Qx"}}
+            )
+        },
+        # int() of this id would raise rather than parse.
+        {"mainsnak": snak("P18", {"type": "wikibase-entityid", "value": {"id": "Q" + "7" * 5000}})},
+    ]
+    raw = [
+        '{"type": "item", "id": "Q90", "claims": {"P31": [{"mainsnak"',  # truncated
+        "{not json}",
+        "42",
+        '{"type": "item", "claims": {}}',  # no id
+        '{"type": "item", "id": "Q91"}',  # no claims
+        '{"type": "item", "id": "Q-3", "claims": {}}',
+        "",  # blank lines are not malformed
+        json.dumps(broken_statement),
+    ]
+    path = write_dump(tmp_path / "d.json.bz2", good, raw=raw)
+    text = bz2.decompress(path.read_bytes()).decode().splitlines()
+    # A dump cut mid-entity: the last line is incomplete.
+    cut = tmp_path / "cut.json"
+    cut.write_text(
+        json.dumps(item("Q60", statement("P31", "Q5")))
+        + ",\n"
+        + json.dumps(item("Q61", statement("P31", "Q5")))[:40]
+    )
+    triples, _, report = run(tmp_path, [path, cut])
+    assert triples == {
+        ("Q1", "P31", "Q5"),
+        ("Q2", "P31", "Q6"),
+        ("Q3", "P17", "Q7"),
+        ("Q4", "P31", "Q8"),
+        ("Q60", "P31", "Q5"),
+    }
+    stats = by_name(report)
+    d = stats["d.json.bz2"]
+    assert d["malformed_lines"] == 6
+    assert d["malformed_reasons"] == {
+        "bad_entity_id": 1,
+        "bad_json": 2,
+        "missing_claims": 1,
+        "missing_id": 1,
+        "not_an_object": 1,
+    }
+    assert d["malformed_statements"] == 3
+    assert d["entities"] == 4  # the three good ones and Q4
+    examples = [(e["line"], e["reason"]) for e in d["malformed_examples"]]
+    assert examples == [
+        (3, "bad_json"),
+        (4, "bad_json"),
+        (5, "not_an_object"),
+        (6, "missing_id"),
+        (7, "missing_claims"),
+    ]
+    assert text[2].startswith('{"type": "item", "id": "Q90"')
+    c = stats["cut.json"]
+    assert (c["malformed_lines"], c["malformed_reasons"], c["lines"]) == (1, {"bad_json": 1}, 2)
+
+
+# --------------------------------------------------------------------------- triple files
+
+
+def test_triple_files_separators_bad_lines_and_duplicates(tmp_path):
+    tsv = write_lines(
+        tmp_path / "codex.tsv",
+        [
+            "Q1\tP31\tQ5",
+            "Q1\tP31\tQ5",
+            "Q2\tP17\tQ30\r",
+            "",
+            "Q3\tP31",
+            "Q4\tP31\tQ5\tQ6",
+            "X4\tP31\tQ5",
+            "Q0\tP31\tQ5",
+            "Q01\tP31\tQ5",
+            "Q5\tQ31\tQ5",
+            " Q6 \t P31 \t Q7 ",
+        ],
+    )
+    csv_path = write_lines(
+        tmp_path / "wd50k.csv",
+        [
+            "head,relation,tail",
+            "Q2,P17,Q30",
+            "Q8,P150,Q9",
+            "Q8,P150,Q9",
+            "Q10,P150,",
+        ],
+    )
+    wikidata5m = write_lines(tmp_path / "wikidata5m.txt.gz", ["Q11\tP47\tQ12", "Q1\tP31\tQ5"])
+    triples, rows, report = run(tmp_path, [tsv, csv_path, wikidata5m])
+    assert triples == {
+        ("Q1", "P31", "Q5"),
+        ("Q2", "P17", "Q30"),
+        ("Q6", "P31", "Q7"),
+        ("Q8", "P150", "Q9"),
+        ("Q11", "P47", "Q12"),
+    }
+    assert [(r["head"], r["source"]) for r in rows] == [
+        ("Q1", "codex.tsv"),
+        ("Q2", "codex.tsv"),
+        ("Q6", "codex.tsv"),
+        ("Q8", "wd50k.csv"),
+        ("Q11", "wikidata5m.txt.gz"),
+    ]
+    s = by_name(report)
+    assert s["codex.tsv"]["separator"] == "\t" and s["wd50k.csv"]["separator"] == ","
+    assert s["wikidata5m.txt.gz"]["separator"] == "\t"
+    assert s["wikidata5m.txt.gz"]["compression"] == "gzip"
+    counts = {
+        name: (
+            v["records"],
+            v["triples"],
+            v["distinct_triples"],
+            v["new_triples"],
+            v["malformed_lines"],
+        )
+        for name, v in s.items()
+    }
+    assert counts == {
+        "codex.tsv": (10, 4, 3, 3, 6),
+        "wd50k.csv": (5, 3, 2, 1, 2),
+        "wikidata5m.txt.gz": (2, 2, 2, 1, 0),
+    }
+    assert s["codex.tsv"]["malformed_reasons"] == {"bad_id": 4, "wrong_field_count": 2}
+    assert s["codex.tsv"]["lines"] == 11
+    assert report["triples"] == 5
+
+
+def test_separator_sniffed_when_extension_says_nothing(tmp_path):
+    comma = write_lines(tmp_path / "triples.dat", ["Q1,P31,Q5"])
+    tab = write_lines(tmp_path / "triples.bz2", ["Q2\tP31\tQ5"])
+    assert pw.detect_format(comma) == pw.InputFormat("triples", "none", ",")
+    assert pw.detect_format(tab) == pw.InputFormat("triples", "bz2", "\t")
+
+
+def test_duplicates_across_inputs_keep_the_first_source(tmp_path):
+    dump = write_dump(tmp_path / "dump.json", [item("Q1", statement("P31", "Q5"))])
+    tsv = write_lines(tmp_path / "t.tsv", ["Q1\tP31\tQ5", "Q2\tP31\tQ5"])
+    _, rows, report = run(tmp_path, [dump, tsv])
+    assert [(r["head"], r["source"]) for r in rows] == [("Q1", "dump.json"), ("Q2", "t.tsv")]
+    assert by_name(report)["t.tsv"]["new_triples"] == 1
+    _, rows, _ = run(tmp_path, [tsv, dump])
+    assert [(r["head"], r["source"]) for r in rows] == [("Q1", "t.tsv"), ("Q2", "t.tsv")]
+
+
+# --------------------------------------------------------------------------- labels, coverage
+
+
+def test_labels_from_property_entities_then_pid2name(tmp_path):
+    dump = write_dump(
+        tmp_path / "d.json",
+        [
+            prop("P31", "instance of"),
+            prop("P150", None),
+            item(
+                "Q1",
+                statement("P31", "Q5"),
+                statement("P17", "Q30"),
+                statement("P150", "Q2"),
+                statement("P999", "Q3"),
+            ),
+        ],
+    )
+    tsv = write_lines(tmp_path / "t.tsv", ["Q4\tP17\tQ30"])
+    pid2name = tmp_path / "pid2name.json"
+    pid2name.write_text(
+        json.dumps(
+            {
+                "P0": ["None", "None"],
+                "P31": ["is a", "x"],
+                "P17": ["country", "sovereign state"],
+                "P150": ["contains", "y"],
+            }
+        )
+    )
+    relations_out = tmp_path / "relations.parquet"
+    _, _, report = run(
+        tmp_path, [dump, tsv], "--pid2name", str(pid2name), "--relations-out", str(relations_out)
+    )
+    relations = read_parquet(relations_out, RELATIONS_SCHEMA).to_pylist()
+    assert relations == [
+        {"relation": "P17", "label": "country", "triple_count": 2},
+        {"relation": "P31", "label": "instance of", "triple_count": 1},
+        {"relation": "P150", "label": "contains", "triple_count": 1},
+        {"relation": "P999", "label": None, "triple_count": 1},
+    ]
+    assert report["labels"] == {"dump": 1, "pid2name": 2, "missing": 1}
+
+
+def test_coverage_of_fewrel_files(tmp_path, capsys):
+    tsv = write_lines(tmp_path / "t.tsv", ["Q1\tP31\tQ5", "Q2\tP17\tQ30"])
+    fewrel = tmp_path / "val.json"
+    fewrel.write_text(json.dumps({"P171": [], "P31": [{"tokens": ["a"]}], "P17": []}))
+    _, _, report = run(tmp_path, [tsv], "--coverage", str(fewrel))
+    assert report["coverage"]["val.json"] == {
+        "path": str(fewrel),
+        "relations": 3,
+        "covered": 2,
+        "missing": ["P171"],
+    }
+    assert "coverage val.json: 2 of 3 relations; missing: P171" in capsys.readouterr().out
+
+
+def test_summary_and_progress_bar(tmp_path, capsys):
+    dump = write_dump(tmp_path / "d.json.gz", [item("Q1", statement("P31", "Q5"))], raw=["{"])
+    tsv = write_lines(tmp_path / "t.tsv", ["Q1\tP31\tQ5", "Q2\tP17\tQ30"])
+    pw.main(["--out", str(tmp_path / "t.parquet"), "--workers", "1", str(dump), str(tsv)])
+    out, err = capsys.readouterr()
+    assert out.splitlines()[:3] == [
+        "d.json.gz: 1 triples (1 new) from 1 entities; 1 malformed lines",
+        "t.tsv: 2 triples (1 new) from 2 rows; 0 malformed lines",
+        "total: 2 distinct triples, 2 relations (labels: 0 from dumps, 0 from pid2name, 2 missing)",
+    ]
+    # tqdm's last refresh: all compressed bytes done, with the per-file rate of t.tsv.
+    size = dump.stat().st_size + tsv.stat().st_size
+    assert f"{size}/{size}" in err.replace(".00", "") and "rows/s" in err
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def test_line_batches_cut_at_line_ends_and_drop_overlong_lines(tmp_path):
+    lines = [b"short", b"x" * 50, b"", b"another line", b"y" * 200, b"end"]
+    data = b"\n".join(lines)  # no final newline
+    stats = pw.FileStats("f", "f", pw.InputFormat("dump", "none"), len(data))
+    import io
+
+    batches = list(pw.line_batches(io.BytesIO(data), stats, batch_bytes=16, max_line_bytes=64))
+    kept = [
+        (first + i, line)
+        for first, blob in batches
+        for i, line in enumerate(blob.split(b"\n"))
+        if line
+    ]
+    assert kept == [(1, b"short"), (2, b"x" * 50), (4, b"another line"), (6, b"end")]
+    assert all(blob.endswith(b"\n") for _, blob in batches[:-1])
+    assert stats.lines == 6
+    assert stats.malformed == {"line_too_long": 1} and stats.examples[0][0] == 5
+
+
+def test_read_ahead_is_bounded():
+    consumed = []
+
+    def tasks():
+        for i in range(100):
+            consumed.append(i)
+            yield i
+
+    with ThreadPool(2) as pool:
+        results = pw._ordered_results(tasks(), lambda i: i * 2, pool, window=4)
+        assert next(results) == 0
+        assert len(consumed) <= 5
+        assert list(results) == [2 * i for i in range(1, 100)]
+
+
+def test_worker_pool_and_decompressors_give_the_same_output(tmp_path):
+    entities = [
+        item(f"Q{i}", statement("P31", f"Q{i % 7 + 1}"), statement("P17", "Q30"))
+        for i in range(1, 400)
+    ]
+    paths = [
+        write_dump(tmp_path / "d.json.bz2", entities, raw=["{bad"]),
+        write_dump(tmp_path / "e.json.gz", entities[::-1], layout="lines"),
+        write_lines(tmp_path / "t.csv", [f"Q{i},P47,Q{i + 1}" for i in range(1, 301)]),
+    ]
+    reference, ref_rows, ref_report = run(tmp_path, paths)
+    assert len(reference) == 2 * 399 + 300
+    for extra in (
+        ["--workers", "2", "--batch-mb", "0.002"],
+        ["--decompressor", "stdlib", "--batch-mb", "0.001"],
+        ["--decompressor", "parallel", "--threads", "2"],
+    ):
+        _, rows, report = run(tmp_path, paths, *extra)
+        assert rows == ref_rows
+        for a, b in zip(report["inputs"], ref_report["inputs"], strict=True):
+            a.pop("seconds", None), b.pop("seconds", None)
+            assert a == b
+    assert by_name(ref_report)["d.json.bz2"]["malformed_examples"][0]["line"] == 3
+
+
+def test_damaged_stream_keeps_what_came_before_and_fails_unless_allowed(tmp_path, capsys):
+    lines = [json.dumps(item(f"Q{i}", statement("P31", "Q5"))) + "\n" for i in range(1, 401)]
+    second = bz2.compress((json.dumps(item("Q9", statement("P31", "Q5"))) + "\n").encode() * 50)
+    path = tmp_path / "dump.json.bz2"
+    # Two bzip2 streams, the second cut short: as a download that broke off.
+    path.write_bytes(bz2.compress("".join(lines).encode()) + second[: len(second) // 2])
+    out = tmp_path / "t.parquet"
+    batch_bytes = 5000
+    for decompressor in ("stdlib", "parallel"):
+        args = [
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+            "--no-progress",
+            str(path),
+            "--decompressor",
+            decompressor,
+            "--batch-mb",
+            str(batch_bytes / 2**20),
+        ]
+        with pytest.raises(PipelineError, match="damaged compressed input"):
+            pw.main(args)
+        heads = [r["head"] for r in read_parquet(out, TRIPLES_SCHEMA).to_pylist()]
+        # What comes back is the file's first lines in order: all of them from the standard
+        # library; indexed_bzip2 drops the one read (<= batch) that meets the damage.
+        kept = 400 if decompressor == "stdlib" else 400 - batch_bytes // len(lines[0]) - 1
+        assert heads[:kept] == [f"Q{i}" for i in range(1, kept + 1)]
+        assert heads == [f"Q{i}" for i in range(1, len(heads) + 1)]
+        report = pw.main([*args, "--allow-damaged"])
+        stats = report["inputs"][0]
+        assert stats["stream_error"].endswith(f"(after line {len(heads)})")
+        assert stats["lines"] == len(heads) and stats["malformed_lines"] == 0
+        assert "WARNING: damaged stream" in capsys.readouterr().out
+
+
+def test_columnar_triple_parse_agrees_with_the_line_loop():
+    clean = b"Q1\tP31\tQ5\nQ22 \t P17\tQ30\r\nQ4294967295\tP1\tQ3\nQ7\tP8\tQ9"
+    fast = pw.parse_triples_batch(1, clean, "\t")
+    assert pw._triples_columnar(clean, "\t") is not None
+    # A blank line sends the batch through the line loop.
+    assert pw._triples_columnar(clean + b"\n\n", "\t") is None
+    slow = pw.parse_triples_batch(1, clean + b"\n\n", "\t")
+    for a, b in (
+        (fast.heads, slow.heads),
+        (fast.relations, slow.relations),
+        (fast.tails, slow.tails),
+    ):
+        assert list(a) == list(b)
+    assert list(fast.heads) == [1, 22, 4294967295, 7] and fast.records == slow.records == 4
+    for bad in (
+        b"Q1\tP31\tQ4294967296\n",
+        b"Q1\tP31\tQ\xc2\xa05\n",
+        b"Q1\tP31\tQ05\n",
+        b"Q1\tP31\n",
+        b"Q1\tP31\tQ5\tQ6\n",
+        b'"Q1"\tP31\tQ5\n',
+    ):
+        assert pw._triples_columnar(bad, "\t") is None
+        assert len(pw.parse_triples_batch(1, bad, "\t").heads) == 0
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("missing.json.bz2", None, "does not exist"),
+        ("notes.txt", b"hello world\n", "unknown format"),
+        ("fake.json.bz2", b"[\n]\n", "not bz2-compressed"),
+        ("empty.tsv", b"", "is empty"),
+    ],
+)
+def test_bad_inputs_are_one_line_errors(tmp_path, capsys, name, content, message):
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(pw.main, ["--out", str(tmp_path / "t.parquet"), "--no-progress", str(path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "t.parquet").exists()
+
+
+def test_clashing_names_missing_inputs_and_bad_side_files(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one = write_lines(tmp_path / "a" / "t.tsv", ["Q1\tP31\tQ5"])
+    two = write_lines(tmp_path / "b" / "t.tsv", ["Q2\tP31\tQ5"])
+    out = ["--out", str(tmp_path / "t.parquet"), "--no-progress", "--workers", "1"]
+    with pytest.raises(PipelineError, match="share the file name"):
+        pw.main([*out, str(one), str(two)])
+    with pytest.raises(PipelineError, match="no INPUT files"):
+        pw.main([*out, "--coverage", str(one), str(two)])
+    fewrel = write_lines(tmp_path / "val.json", [json.dumps({"P31": [{"tokens": ["a"]}]})])
+    with pytest.raises(PipelineError, match="no usable line in"):
+        pw.main([*out, str(one), str(fewrel)])
+    bad = write_lines(tmp_path / "bad.json", ['["P31"]'])
+    with pytest.raises(PipelineError, match="not FewRel-format"):
+        pw.main([*out, str(one), "--coverage", str(bad)])
+    with pytest.raises(PipelineError, match="pid2name"):
+        pw.main([*out, "--pid2name", str(bad), str(one)])
+
+
+# --------------------------------------------------------------------------- data mirror
+
+
+def _independent_dump_triples(path: Path) -> set:
+    """A plain bz2 + json reading of a dump, written without the stage's code."""
+    triples = set()
+    with bz2.open(path, "rt") as fh:
+        for line in fh:
+            line = line.strip().rstrip(",")
+            if line in ("[", "]", ""):
+                continue
+            entity = json.loads(line)
+            for pid, statements in entity["claims"].items():
+                for st in statements:
+                    main = st["mainsnak"]
+                    if st["rank"] == "deprecated" or main["snaktype"] != "value":
+                        continue
+                    value = main["datavalue"]["value"]
+                    if (
+                        main["datavalue"]["type"] == "wikibase-entityid"
+                        and value["entity-type"] == "item"
+                    ):
+                        triples.add((entity["id"], pid, value["id"]))
+    return triples
+
+
+def test_data_mirror_counts_and_coverage(tmp_path):
+    mirror = data_mirror()
+    if mirror is None:
+        pytest.skip("REGRAB_DATA_MIRROR is unset; point it at shared/data to run this test")
+    triple_files = sorted((mirror / "wikidata" / "triples").iterdir())
+    dumps = sorted((mirror / "wikidata" / "dumps").glob("*.json.bz2"))
+    fewrel = mirror / "fewrel"
+    # Triple files first, so every triple they hold keeps one of their names as source.
+    out = tmp_path / "triples.parquet"
+    report = pw.main(
+        [
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+            "--no-progress",
+            *map(str, triple_files),
+            *map(str, dumps),
+            "--pid2name",
+            str(fewrel / "pid2name.json"),
+            "--coverage",
+            str(fewrel / "val_nyt.json"),
+            str(fewrel / "val_wiki.json"),
+        ]
+    )
+    table = read_parquet(out, TRIPLES_SCHEMA)
+    columns = (table.column(c).to_pylist() for c in ("head", "relation", "tail"))
+    triples = set(zip(*columns, strict=True))
+    stats = by_name(report)
+    measured = {
+        "codex-m-test.tsv": 10311,
+        "codex-m-train.tsv": 185584,
+        "codex-m-valid.tsv": 10310,
+        "wd50k-test.csv": 46023,
+        "wd50k-train.csv": 164631,
+        "wd50k-valid.csv": 23860,
+        "opentapioca_sample_wikidata_items.json.bz2": 5548,
+        "opentapioca_short_stream.json.bz2": 3534,
+    }
+    assert {name: s["distinct_triples"] for name, s in stats.items()} == measured
+    for path in triple_files:
+        with path.open(newline="") as fh:
+            records = list(csv.reader(fh, delimiter="\t" if path.suffix == ".tsv" else ","))
+        assert stats[path.name]["lines"] == len(records)  # wc -l: every line ends in \n
+        assert stats[path.name]["distinct_triples"] == len({tuple(r) for r in records})
+        assert stats[path.name]["malformed_lines"] == 0
+    for path in dumps:
+        assert stats[path.name]["malformed_lines"] == 0
+        expected = _independent_dump_triples(path)
+        assert stats[path.name]["distinct_triples"] == len(expected)
+        assert expected <= triples
+    assert stats["opentapioca_sample_wikidata_items.json.bz2"]["entities"] == 100
+    assert stats["opentapioca_short_stream.json.bz2"]["entities"] == 635
+    assert report["triples"] == len(triples) == table.num_rows == 407279
+
+    cov = report["coverage"]
+    assert (cov["val_nyt.json"]["covered"], cov["val_nyt.json"]["relations"]) == (24, 25)
+    assert cov["val_nyt.json"]["missing"] == ["P171"]
+    assert (cov["val_wiki.json"]["covered"], cov["val_wiki.json"]["relations"]) == (14, 16)
+    assert cov["val_wiki.json"]["missing"] == ["P59", "P177"]
+    # The README's figure for wd50k + codex-m alone: 60 of the 64 train relations.
+    from_triple_files = table.filter(pc.match_substring_regex(table["source"], r"\.(tsv|csv)$"))
+    from_triple_files = set(from_triple_files.column("relation").unique().to_pylist())
+    train = json.loads((fewrel / "train_wiki.json").read_text())
+    assert len(set(train) & from_triple_files) == 60
