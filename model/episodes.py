@@ -1,0 +1,149 @@
+"""N-way K-shot episode sampling and evaluation on cached sentence encodings.
+
+The encoder sees one sentence at a time (no cross-sentence attention), so encoding every
+sentence of a split once and assembling episodes from the cache gives exactly the numbers that
+re-encoding each episode would, at a tiny fraction of the cost (see benchmarks/bench_eval.py).
+
+Shapes:
+    B episodes, N ways, K shots, Q queries per way, D encoding size, R graph relations.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipeline.errors import PipelineError
+
+_SETTING = re.compile(r"^(\d+)w(\d+)s$")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One evaluation setting, written ``{N}w{K}s`` (``5w0s`` is 5-way zero-shot)."""
+
+    ways: int
+    shots: int
+
+    @classmethod
+    def parse(cls, text: str) -> Setting:
+        match = _SETTING.match(text)
+        if not match:
+            raise PipelineError(f"setting {text!r} is not like 5w1s (N-way K-shot)")
+        return cls(int(match.group(1)), int(match.group(2)))
+
+    @property
+    def name(self) -> str:
+        return f"{self.ways}w{self.shots}s"
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """Sentence rows of B episodes; way n of episode b is relation ``relation[b, n]``."""
+
+    relation: np.ndarray  # (B, N) index into EpisodeSampler.relations
+    support: np.ndarray  # (B, N, K) sentence rows
+    query: np.ndarray  # (B, N, Q) sentence rows
+
+
+class EpisodeSampler:
+    """Samples episodes from sentences grouped by relation."""
+
+    def __init__(self, sentence_relations: list[str], what: str = "split") -> None:
+        self.what = what
+        self.relations = sorted(set(sentence_relations))
+        labels = np.array([self.relations.index(r) for r in sentence_relations]) if len(
+            sentence_relations
+        ) else np.zeros(0, dtype=np.int64)
+        self.members = [np.flatnonzero(labels == i) for i in range(len(self.relations))]
+
+    def check(self, ways: int, shots: int, queries: int) -> None:
+        """Raise when the split cannot supply ``ways`` relations of ``shots + queries``."""
+        if ways < 1 or shots < 0 or queries < 1:
+            raise PipelineError(f"need ways >= 1, shots >= 0, queries >= 1 (got {ways}, "
+                                f"{shots}, {queries})")
+        if ways > len(self.relations):
+            raise PipelineError(
+                f"{ways}-way episodes need {ways} relations but the {self.what} has "
+                f"{len(self.relations)}; lower the ways or use a split with more relations"
+            )
+        small = [(r, len(m)) for r, m in zip(self.relations, self.members, strict=True)
+                 if len(m) < shots + queries]
+        if small:
+            r, n = small[0]
+            raise PipelineError(
+                f"K+Q={shots}+{queries} exceeds the {n} instances of relation {r} in the "
+                f"{self.what}; lower shots/queries"
+            )
+
+    def sample(
+        self, rng: np.random.Generator, ways: int, shots: int, queries: int, count: int
+    ) -> Episodes:
+        """Draw ``count`` episodes; relations and sentences without replacement per episode."""
+        self.check(ways, shots, queries)
+        n_rel = len(self.relations)
+        rel = np.argsort(rng.random((count, n_rel)), axis=1)[:, :ways]  # (B, N)
+        rows = np.empty((count, ways, shots + queries), dtype=np.int64)
+        for b in range(count):
+            for n in range(ways):
+                members = self.members[rel[b, n]]
+                rows[b, n] = members[rng.permutation(len(members))[: shots + queries]]
+        return Episodes(rel, rows[:, :, :shots], rows[:, :, shots:])
+
+
+def gather_episodes(encodings: torch.Tensor, episodes: Episodes) -> tuple[torch.Tensor, ...]:
+    """Support, query and query labels of episodes from cached encodings.
+
+    Shapes:
+        encodings: (n, D) -> support (B, N, K, D), query (B, N*Q, D), labels (B, N*Q)
+    """
+    dev = encodings.device
+    support = encodings[torch.from_numpy(episodes.support).to(dev)]  # (B, N, K, D)
+    b, n, q = episodes.query.shape
+    query = encodings[torch.from_numpy(episodes.query.reshape(b, n * q)).to(dev)]  # (B, NQ, D)
+    labels = torch.arange(n, device=dev).repeat_interleave(q).expand(b, -1)  # (B, NQ)
+    return support, query, labels
+
+
+@torch.no_grad()
+def episode_accuracy(
+    head: torch.nn.Module,
+    encodings: torch.Tensor,
+    episodes: Episodes,
+    relation_rows: torch.Tensor,
+    batch_size: int = 250,
+) -> np.ndarray:
+    """Accuracy of every episode, computed from cached encodings in batches.
+
+    Args:
+        head: a REGRAB or baseline head (in eval mode).
+        encodings: sentence encodings of the split.
+        episodes: from :meth:`EpisodeSampler.sample` on the same split.
+        relation_rows: graph row of each sampler relation (-1 unknown; ignored without prior).
+        batch_size: episodes per forward pass.
+
+    Shapes:
+        encodings: (n, D), relation_rows: (R_split,) -> (B,)
+    """
+    states = head.prior_states()
+    accs = []
+    for start in range(0, len(episodes.relation), batch_size):
+        part = Episodes(*(a[start : start + batch_size] for a in
+                          (episodes.relation, episodes.support, episodes.query)))
+        support, query, labels = gather_episodes(encodings, part)
+        rows = relation_rows.to(encodings.device)[torch.from_numpy(part.relation)]  # (B, N)
+        h = head.prior_means(states, rows)
+        log_p = head.log_predictive(support, query, h)  # (B, NQ, N)
+        accs.append((log_p.argmax(-1) == labels).float().mean(1).cpu().numpy())
+    return np.concatenate(accs)
+
+
+def mean_ci95(acc: np.ndarray) -> tuple[float, float]:
+    """Mean accuracy and the half-width of its normal 95% interval, both in percent."""
+    acc = np.asarray(acc, dtype=np.float64)
+    if len(acc) < 2:
+        return float(acc.mean() * 100), float("nan")
+    return float(acc.mean() * 100), float(1.96 * acc.std(ddof=1) / np.sqrt(len(acc)) * 100)

@@ -1,0 +1,146 @@
+import pytest
+import torch
+import yaml
+
+from pipeline.errors import PipelineError
+from stages import train
+from tests.model.tiny_regrab import tiny_encoder, toy_graph, toy_splits
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    enc = tiny_encoder(root / "bert")
+    splits = toy_splits(root / "splits")
+    graph, features = toy_graph(root)
+    return root, enc, splits, graph, features
+
+
+def _params(root, enc, **train_kw):
+    params = {
+        "model": {"encoder": str(enc), "train_layers": 1, "samples": 2, "langevin_steps": 2},
+        "train": {
+            "methods": ["regrab"],
+            "steps": 4,
+            "ways": [2, 3],
+            "shots": [1, 2],
+            "queries": 2,
+            "val_every": 2,
+            "val_episodes": 10,
+            "val_settings": ["2w1s"],
+            "checkpoint_every": 2,
+            "dvclive": False,
+            "device": "cpu",
+            **train_kw,
+        },
+    }
+    path = root / f"params_{len(list(root.glob('params_*')))}.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def _run(inputs, out, **kw):
+    root, enc, splits, graph, features = inputs
+    p = _params(root, enc, **kw)
+    return train.main(
+        [
+            "--splits",
+            str(splits),
+            "--graph",
+            str(graph),
+            "--features",
+            str(features),
+            "--out",
+            str(out),
+            "--params",
+            str(p),
+        ]
+    )
+
+
+def _weights(path):
+    return torch.load(path, weights_only=False)["state"]
+
+
+def test_seeded_runs_repeat_and_skip_when_done(inputs, tmp_path):
+    a = _run(inputs, tmp_path / "a")
+    _run(inputs, tmp_path / "b")
+    wa, wb = (
+        _weights(tmp_path / "a/split_0/regrab/model.pt"),
+        _weights(tmp_path / "b/split_0/regrab/model.pt"),
+    )
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not (tmp_path / "a/split_0/regrab/state.pt").exists()
+    payload = torch.load(tmp_path / "a/split_0/regrab/model.pt", weights_only=False)
+    assert payload["done"] and payload["params"]["train"]["steps"] == 4
+    assert a["models"][0]["best_val_acc"] >= 0
+    again = _run(inputs, tmp_path / "a")  # same params: the finished model is kept
+    assert again["models"][0] == a["models"][0]
+
+
+def test_resume_after_kill_continues_from_saved_step(inputs, tmp_path, monkeypatch):
+    root, enc, splits, graph, features = inputs
+    _run(inputs, tmp_path / "full")
+    original = train.train_one
+    seen = []
+
+    def killed(*args, **kw):
+        def hook(step):
+            seen.append(step)
+            if step == 2:
+                raise KeyboardInterrupt
+
+        return original(*args, **kw, on_step=hook)
+
+    monkeypatch.setattr(train, "train_one", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _run(inputs, tmp_path / "killed")
+    state = torch.load(tmp_path / "killed/split_0/regrab/state.pt", weights_only=False)
+    assert state["step"] == 2
+    monkeypatch.setattr(train, "train_one", lambda *a, **k: original(*a, **k, on_step=seen.append))
+    _run(inputs, tmp_path / "killed")
+    assert seen == [1, 2, 3, 4]  # resumed at step 3, not from scratch
+    wa = _weights(tmp_path / "full/split_0/regrab/model.pt")
+    wb = _weights(tmp_path / "killed/split_0/regrab/model.pt")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_nan_loss_stops_with_step_and_checkpoint(inputs, tmp_path, monkeypatch):
+    from model.regrab import RegrabHead
+
+    original = RegrabHead.log_predictive
+    calls = []
+
+    def poisoned(self, *a, **k):
+        out = original(self, *a, **k)
+        calls.append(1)
+        return out * float("nan") if self.training and len(calls) > 3 else out
+
+    monkeypatch.setattr(RegrabHead, "log_predictive", poisoned)
+    with pytest.raises(PipelineError, match=r"at step \d+ .*last good checkpoint: .*state\.pt"):
+        _run(inputs, tmp_path / "nan")
+
+
+def test_bad_inputs(inputs, tmp_path):
+    with pytest.raises(PipelineError, match="exceed"):
+        _run(inputs, tmp_path / "w", ways=[5])
+    with pytest.raises(PipelineError, match="K\\+Q"):
+        _run(inputs, tmp_path / "k", shots=[11])
+    root, enc, splits, graph, features = inputs
+    g2, f2 = toy_graph(root / "other", relations=["P90", "P91", "P92"])
+    p = _params(root, enc)
+    with pytest.raises(PipelineError, match="none of the 3 relations"):
+        train.main(
+            [
+                "--splits",
+                str(splits),
+                "--graph",
+                str(g2),
+                "--features",
+                str(f2),
+                "--out",
+                str(tmp_path / "g"),
+                "--params",
+                str(p),
+            ]
+        )
