@@ -1,0 +1,316 @@
+"""Tests for stages/train_transe.py and the TransE model it trains (model/transe.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+import yaml
+
+from model.transe import (
+    TransE,
+    TransEConfig,
+    cross_distance,
+    filtered_ranks,
+    make_optimizer,
+    rank_metrics,
+    train_epoch,
+)
+from pipeline.errors import PipelineError
+from pipeline.io import read_parquet, write_parquet
+from pipeline.schemas import TRIPLES_SCHEMA, embeddings_schema
+from stages import train_transe
+
+#: Small enough for ~0.1 s an epoch on a busy core.
+TINY = {
+    "dim": 16,
+    "epochs": 4,
+    "batch_size": 64,
+    "chunk_size": 16,
+    "negatives": 16,
+    "lr": 0.05,
+    "margin": 0.5,
+    "threads": 1,
+    "heldout_fraction": 0.1,
+    # Bit-identical reruns are promised on CPU only (CUDA's scatter-add uses atomics).
+    "device": "cpu",
+}
+
+
+def geo_triples(
+    countries: int = 20, cities: int = 5, continents: int = 4
+) -> list[tuple[str, str, str]]:
+    """A tiny world TransE can fit: cities in countries in continents, with inverses.
+
+    Every city occurs twice (P17 and its inverse P150), so a held-out P17 triple
+    can be inferred from its P150 twin: learning shows up as a high filtered MRR.
+    """
+    triples = []
+    for c in range(countries):
+        triples.append((f"Q{c}", "P30", f"Q9{c % continents}"))  # continent
+        triples.append((f"Q{c}", "P36", f"Q{c}_0"))  # capital
+        triples.append((f"Q{c}_0", "P1376", f"Q{c}"))  # capital of
+        for i in range(cities):
+            triples.append((f"Q{c}_{i}", "P17", f"Q{c}"))  # country
+            triples.append((f"Q{c}", "P150", f"Q{c}_{i}"))  # contains
+    return triples
+
+
+def write_triples(path, triples, source="test"):
+    table = pa.table(
+        {
+            "head": [h for h, _, _ in triples],
+            "relation": [r for _, r, _ in triples],
+            "tail": [t for _, _, t in triples],
+            "source": [source] * len(triples),
+        }
+    )
+    write_parquet(table, path, TRIPLES_SCHEMA)
+
+
+def write_params(path, **overrides):
+    path.write_text(yaml.safe_dump({"train_transe": {**TINY, **overrides}, "other": {"x": 1}}))
+
+
+def run(tmp_path, name="emb", ckpt=True, triples="triples.parquet", params="params.yaml"):
+    argv = [
+        "--triples",
+        str(tmp_path / triples),
+        "--out",
+        str(tmp_path / f"{name}.parquet"),
+        "--params",
+        str(tmp_path / params),
+    ]
+    if ckpt:
+        argv += ["--checkpoint-dir", str(tmp_path / f"ckpt_{name}")]
+    return train_transe.main(argv)
+
+
+def embeddings(tmp_path, name="emb", dim=TINY["dim"]):
+    table = read_parquet(tmp_path / f"{name}.parquet", embeddings_schema(dim))
+    return table["relation"].to_pylist(), np.array(table["embedding"].to_pylist(), np.float32)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    write_triples(tmp_path / "triples.parquet", geo_triples())
+    write_params(tmp_path / "params.yaml")
+    return tmp_path
+
+
+def test_output_schema_and_report(tiny):
+    report = run(tiny, ckpt=False)
+    table = read_parquet(tiny / "emb.parquet")
+    assert table.schema.equals(embeddings_schema(TINY["dim"]))
+    relations, vectors = embeddings(tiny)
+    assert relations == ["P1376", "P150", "P17", "P30", "P36"]  # sorted ids
+    assert vectors.shape == (5, TINY["dim"]) and np.isfinite(vectors).all()
+    assert (tiny / "emb.metrics.json").exists()
+    assert report["relations"] == 5 and report["entities"] == 124
+    assert report["train_triples"] + report["heldout_triples"] == report["triples"]
+    assert 0 < report["heldout_mrr"] <= 1
+
+
+def test_learns_tiny_graph():
+    """Loss falls and held-out MRR beats an untrained model by a wide margin."""
+    data = train_transe.encode_triples(_table(geo_triples()))
+    train_np, held_np = train_transe.split_heldout(data.triples, 0.1, seed=0)
+    train, held, known = map(torch.from_numpy, (train_np, held_np, data.triples))
+    cfg = TransEConfig(
+        dim=16, epochs=30, batch_size=64, chunk_size=16, negatives=16, lr=0.05, margin=0.5, seed=0
+    )
+    gen = torch.Generator().manual_seed(0)
+    model = TransE(len(data.entities), len(data.relations), cfg, gen)
+    before = rank_metrics(filtered_ranks(model, held, known))["mrr"]
+    optimizer = make_optimizer(model)
+    losses = [train_epoch(model, optimizer, train, gen) for _ in range(cfg.epochs)]
+    after = rank_metrics(filtered_ranks(model, held, known))["mrr"]
+    assert losses[-1] < 0.3 * losses[0]
+    # Random ranking among 124 entities gives MRR ~ 0.05.
+    assert before < 0.15
+    assert after > 0.7
+
+
+def _table(triples):
+    return pa.table(
+        {
+            "head": [t[0] for t in triples],
+            "relation": [t[1] for t in triples],
+            "tail": [t[2] for t in triples],
+            "source": ["x"] * len(triples),
+        },
+        schema=TRIPLES_SCHEMA,
+    )
+
+
+def test_seeded_runs_identical(tiny):
+    run(tiny, "a", ckpt=False)
+    run(tiny, "b", ckpt=False)
+    write_params(tiny / "other.yaml", seed=1)
+    run(tiny, "c", ckpt=False, params="other.yaml")
+    _, a = embeddings(tiny, "a")
+    _, b = embeddings(tiny, "b")
+    _, c = embeddings(tiny, "c")
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, c)
+
+
+def test_resume_after_interruption_matches_uninterrupted(tiny, monkeypatch):
+    write_params(tiny / "params.yaml", epochs=6, checkpoint_every=2)
+    run(tiny, "full")
+
+    calls = itertools.count()
+    real_epoch = train_transe.train_epoch
+
+    def killed_in_epoch_five(*args, **kwargs):
+        if next(calls) == 4:
+            raise KeyboardInterrupt  # as if the process died mid-epoch
+        return real_epoch(*args, **kwargs)
+
+    monkeypatch.setattr(train_transe, "train_epoch", killed_in_epoch_five)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny, "cut")
+    assert not (tiny / "cut.parquet").exists()
+    ckpt = torch.load(tiny / "ckpt_cut" / "transe.pt", weights_only=True)
+    assert ckpt["epoch"] == 4  # the last checkpoint before the kill
+    # Self-contained: config, stage params and relation names travel with the tables.
+    assert ckpt["config"]["dim"] == TINY["dim"] and ckpt["params"]["checkpoint_every"] == 2
+    assert ckpt["relations"] == ["P1376", "P150", "P17", "P30", "P36"]
+    assert ckpt["model"]["relations"].shape == (5, TINY["dim"])
+    assert not list((tiny / "ckpt_cut").glob(".*.tmp"))  # no half-written file left
+
+    # A SIGKILL during a checkpoint write leaves a temporary file; the rerun removes it.
+    (tiny / "ckpt_cut" / ".transe.pt.half.tmp").write_bytes(b"partial")
+    monkeypatch.setattr(train_transe, "train_epoch", real_epoch)
+    report = run(tiny, "cut")
+    assert not (tiny / "ckpt_cut" / ".transe.pt.half.tmp").exists()
+    assert report["resumed_from_epoch"] == 4
+    _, full = embeddings(tiny, "full")
+    _, resumed = embeddings(tiny, "cut")
+    np.testing.assert_array_equal(full, resumed)
+
+
+def test_more_epochs_continue_checkpoint(tiny):
+    write_params(tiny / "params.yaml", epochs=6)
+    run(tiny, "full", ckpt=False)
+    write_params(tiny / "params.yaml", epochs=3)
+    run(tiny, "grow")
+    write_params(tiny / "params.yaml", epochs=6)
+    assert run(tiny, "grow")["resumed_from_epoch"] == 3
+    np.testing.assert_array_equal(embeddings(tiny, "full")[1], embeddings(tiny, "grow")[1])
+
+
+def test_stale_checkpoint_is_not_resumed(tiny, capsys):
+    run(tiny, "x")
+    write_params(tiny / "params.yaml", lr=0.01)
+    report = run(tiny, "x")
+    assert report["resumed_from_epoch"] == 0
+    assert "other params" in capsys.readouterr().out
+    run(tiny, "fresh", ckpt=False)
+    np.testing.assert_array_equal(embeddings(tiny, "x")[1], embeddings(tiny, "fresh")[1])
+
+
+def test_malformed_and_duplicate_rows_are_counted(tiny):
+    rows = geo_triples() + [("Q1_2", "P17", "Q1"), ("", "P17", "Q3"), ("Q1", "  ", "Q3")]
+    write_triples(tiny / "dirty.parquet", rows)
+    report = run(tiny, ckpt=False, triples="dirty.parquet")
+    assert report["malformed_skipped"] == 2
+    assert report["duplicates_dropped"] == 1
+    assert report["triples"] == len(geo_triples())
+
+
+def test_bad_input(tiny):
+    write_params(tiny / "bad.yaml", dimension=8)
+    with pytest.raises(PipelineError, match="unknown train_transe params"):
+        run(tiny, params="bad.yaml")
+    write_params(tiny / "bad.yaml", p_norm=3)
+    with pytest.raises(PipelineError, match="p_norm"):
+        run(tiny, params="bad.yaml")
+    with pytest.raises(PipelineError, match="does not exist"):
+        run(tiny, triples="missing.parquet")
+    write_triples(tiny / "empty.parquet", [("", "P1", "Q1")])
+    with pytest.raises(PipelineError, match="no usable triples"):
+        run(tiny, triples="empty.parquet")
+
+
+def test_split_keeps_every_id_in_training():
+    data = train_transe.encode_triples(_table(geo_triples(10, 3, 2)))
+    train, held = train_transe.split_heldout(data.triples, 0.3, seed=3)
+    assert len(held) > 0 and len(train) + len(held) == len(data.triples)
+    assert set(map(tuple, held)).isdisjoint(map(tuple, train))
+    assert set(held[:, [0, 2]].ravel()) <= set(train[:, [0, 2]].ravel())
+    assert set(held[:, 1]) <= set(train[:, 1])
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_cross_distance_matches_cdist(p):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 8, generator=gen, dtype=torch.float64)
+    y = torch.randn(3, 7, 8, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(cross_distance(x, y, p), torch.cdist(x, y, p=float(p)))
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_filtered_ranks_against_brute_force(p):
+    gen = torch.Generator().manual_seed(1)
+    cfg = TransEConfig(dim=4, p_norm=p, batch_size=1, chunk_size=1)
+    model = TransE(12, 3, cfg, gen)
+    known = torch.tensor(
+        [[0, 0, 1], [0, 0, 2], [0, 0, 3], [4, 1, 3], [5, 1, 3], [6, 2, 7], [1, 2, 0]]
+    )
+    queries = known[[0, 3, 5]]
+    got = filtered_ranks(model, queries, known, batch_size=2)
+
+    ent, rel = model.entities.double(), model.relations.double()
+    truth = {tuple(t) for t in known.tolist()}
+
+    def dist(h, r, t):
+        return float(torch.linalg.vector_norm(ent[h] + rel[r] - ent[t], ord=p))
+
+    expected = []
+    for side in ("tail", "head"):
+        for h, r, t in queries.tolist():
+            true = dist(h, r, t)
+            worse = ties = 0
+            for e in range(12):
+                cand = (h, r, e) if side == "tail" else (e, r, t)
+                if cand == (h, r, t) or cand in truth:
+                    continue  # filtered
+                d = dist(*cand)
+                worse += d < true - 1e-9
+                ties += abs(d - true) <= 1e-9
+            expected.append(1 + worse + 0.5 * ties)
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float32))
+
+
+def test_last_partial_batch_and_small_data():
+    """Batches shorter than a chunk are padded, not dropped or crashing."""
+    cfg = TransEConfig(dim=8, batch_size=32, chunk_size=32, negatives=4, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    model = TransE(10, 2, cfg, gen)
+    triples = torch.tensor([[0, 0, 1], [1, 1, 2], [2, 0, 3]])
+    loss = train_epoch(model, make_optimizer(model), triples, gen)
+    assert np.isfinite(loss)
+    assert torch.allclose(model.entities.norm(dim=1), torch.ones(10), atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_trains_on_cuda(tiny):
+    write_params(tiny / "params.yaml", device="auto", epochs=30)
+    report = run(tiny, "gpu")
+    assert report["device"] == "cuda"
+    assert report["heldout_mrr"] > 0.5
+    # A CUDA checkpoint resumes (tables and moments are stored on the CPU).
+    write_params(tiny / "params.yaml", device="auto", epochs=32)
+    assert run(tiny, "gpu")["resumed_from_epoch"] == 30
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="chunk_size"):
+        TransEConfig(batch_size=8, chunk_size=16)
+    with pytest.raises(ValueError, match="loss"):
+        TransEConfig(loss="softplus")
