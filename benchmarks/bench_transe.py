@@ -161,6 +161,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--negatives", type=int, default=64)
+    # 64 rather than the stage's 256: at dim 512 and few epochs, more distinct negatives per
+    # step gave a better MRR (0.0618 vs 0.0514 after 1 epoch on the mirror's triples).
     parser.add_argument("--chunk-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--margin", type=float, default=0.25)

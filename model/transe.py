@@ -66,7 +66,7 @@ class TransEConfig:
     epochs: int = 20
     batch_size: int = 4096
     negatives: int = 64
-    chunk_size: int = 64
+    chunk_size: int = 256
     lr: float = 0.01
     loss: str = "margin"
     margin: float = 0.25
