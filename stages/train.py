@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -214,6 +215,11 @@ def train_one(
         cfg = dataclasses.replace(cfg, ways=(setting.ways,), shots=(setting.shots,),
                                   zero_shot_rate=1.0 if setting.shots == 0 else 0.0)
     model_cfg = config_from_params(params["model"], method)
+    # A finished or half-trained model is reused only if its inputs are the same too: the
+    # params alone miss a new graph (build_graph.features) or a new split of the relations.
+    params = {**params, "inputs": {**params.get("inputs", {}),
+                                   "train": file_digest(split_dir / "train.parquet"),
+                                   "val": file_digest(split_dir / "val.parquet")}}
     out_dir.mkdir(parents=True, exist_ok=True)
     best_path, state_path = out_dir / "model.pt", out_dir / "state.pt"
     if best_path.exists() and not state_path.exists():
@@ -358,6 +364,17 @@ def _live(out_dir: Path, resume: bool):
                 dvcyaml=None, report=None, monitor_system=False)
 
 
+def file_digest(path: Path) -> str | None:
+    """sha256 of a file (None when it does not exist), to tell changed inputs apart."""
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def load_graph(graph_path: Path, features_path: Path) -> RelationGraph:
     """Read the relation graph and node features tables."""
     graph = read_parquet(graph_path, GRAPH_SCHEMA)
@@ -377,6 +394,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     params = {section: load_params(args.params, section) for section in ("model", "train")}
+    params["inputs"] = {"graph": file_digest(args.graph), "features": file_digest(args.features)}
     cfg = TrainConfig.from_params(params["train"])
     set_threads(cfg.threads)
     device = select_device(cfg.device)

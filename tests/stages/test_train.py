@@ -1,3 +1,4 @@
+import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
@@ -144,3 +145,18 @@ def test_bad_inputs(inputs, tmp_path):
                 str(p),
             ]
         )
+
+
+def test_finished_model_is_retrained_when_the_graph_changes(inputs, tmp_path, caplog):
+    root, enc, splits, graph, features = inputs
+    _run(inputs, tmp_path / "m")
+    changed = tmp_path / "graph.parquet"
+    table = pq.read_table(graph)
+    pq.write_table(table.slice(0, max(1, table.num_rows - 2)), changed)
+    p = _params(root, enc)
+    with caplog.at_level("INFO"):
+        train.main(["--splits", str(splits), "--graph", str(changed), "--features",
+                    str(features), "--out", str(tmp_path / "m"), "--params", str(p)])
+    assert "skipped" not in caplog.text
+    payload = torch.load(tmp_path / "m/split_0/regrab/model.pt", weights_only=False)
+    assert payload["params"]["inputs"]["graph"] == train.file_digest(changed)
