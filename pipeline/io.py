@@ -8,6 +8,7 @@ leaves half a file behind.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -43,6 +44,18 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
+
+
+def file_digest(path: str | os.PathLike[str]) -> str | None:
+    """sha256 of a file (None when it does not exist), to tell changed inputs apart."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike[str], schema: pa.Schema) -> None:

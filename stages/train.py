@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from model.regrab import (
 )
 from pipeline.config import load_params, select_device
 from pipeline.errors import PipelineError, run_cli
-from pipeline.io import read_parquet, write_json
+from pipeline.io import atomic_path, file_digest, read_parquet, write_json
 from pipeline.schemas import FEWSHOT_SCHEMA, GRAPH_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -346,8 +345,6 @@ def train_one(
                "seconds": round(time.perf_counter() - t0, 1),
                "final_loss": float(np.mean([h["loss"] for h in history[-20:]]))}
     payload.update({"done": True, "summary": summary, "history": history})
-    from pipeline.io import atomic_path
-
     with atomic_path(best_path) as tmp:
         torch.save(payload, tmp)
     state_path.unlink(missing_ok=True)
@@ -362,17 +359,6 @@ def _live(out_dir: Path, resume: bool):
         return None
     return Live(dir=str(out_dir / "dvclive"), resume=resume, save_dvc_exp=False,
                 dvcyaml=None, report=None, monitor_system=False)
-
-
-def file_digest(path: Path) -> str | None:
-    """sha256 of a file (None when it does not exist), to tell changed inputs apart."""
-    if not path.is_file():
-        return None
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def load_graph(graph_path: Path, features_path: Path) -> RelationGraph:

@@ -4,6 +4,7 @@ import torch
 import yaml
 
 from pipeline.errors import PipelineError
+from pipeline.io import file_digest
 from stages import train
 from tests.model.tiny_regrab import tiny_encoder, toy_graph, toy_splits
 
@@ -159,4 +160,4 @@ def test_finished_model_is_retrained_when_the_graph_changes(inputs, tmp_path, ca
                     str(features), "--out", str(tmp_path / "m"), "--params", str(p)])
     assert "skipped" not in caplog.text
     payload = torch.load(tmp_path / "m/split_0/regrab/model.pt", weights_only=False)
-    assert payload["params"]["inputs"]["graph"] == train.file_digest(changed)
+    assert payload["params"]["inputs"]["graph"] == file_digest(changed)
