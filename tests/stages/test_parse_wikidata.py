@@ -6,7 +6,6 @@ import bz2
 import csv
 import gzip
 import json
-from multiprocessing.pool import ThreadPool
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -16,6 +15,7 @@ from pipeline.config import data_mirror
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import read_parquet
 from pipeline.schemas import RELATIONS_SCHEMA, TRIPLES_SCHEMA
+from pipeline.wikidata import formats, parse, ranges
 from stages import parse_wikidata as pw
 
 # --------------------------------------------------------------------------- builders
@@ -97,7 +97,7 @@ def run(tmp_path: Path, inputs: list[Path], *extra: str) -> tuple[set, list[dict
             "--report",
             str(report),
             "--workers",
-            "1",
+            "0",
             "--no-progress",
             *map(str, inputs),
             *extra,
@@ -343,8 +343,8 @@ def test_triple_files_separators_bad_lines_and_duplicates(tmp_path):
 def test_separator_sniffed_when_extension_says_nothing(tmp_path):
     comma = write_lines(tmp_path / "triples.dat", ["Q1,P31,Q5"])
     tab = write_lines(tmp_path / "triples.bz2", ["Q2\tP31\tQ5"])
-    assert pw.detect_format(comma) == pw.InputFormat("triples", "none", ",")
-    assert pw.detect_format(tab) == pw.InputFormat("triples", "bz2", "\t")
+    assert formats.detect_format(comma) == formats.InputFormat("triples", "none", ",")
+    assert formats.detect_format(tab) == formats.InputFormat("triples", "bz2", "\t")
 
 
 def test_duplicates_across_inputs_keep_the_first_source(tmp_path):
@@ -418,28 +418,28 @@ def test_coverage_of_fewrel_files(tmp_path, capsys):
 def test_summary_and_progress_bar(tmp_path, capsys):
     dump = write_dump(tmp_path / "d.json.gz", [item("Q1", statement("P31", "Q5"))], raw=["{"])
     tsv = write_lines(tmp_path / "t.tsv", ["Q1\tP31\tQ5", "Q2\tP17\tQ30"])
-    pw.main(["--out", str(tmp_path / "t.parquet"), "--workers", "1", str(dump), str(tsv)])
+    pw.main(["--out", str(tmp_path / "t.parquet"), "--workers", "0", str(dump), str(tsv)])
     out, err = capsys.readouterr()
     assert out.splitlines()[:3] == [
         "d.json.gz: 1 triples (1 new) from 1 entities; 1 malformed lines",
         "t.tsv: 2 triples (1 new) from 2 rows; 0 malformed lines",
         "total: 2 distinct triples, 2 relations (labels: 0 from dumps, 0 from pid2name, 2 missing)",
     ]
-    # tqdm's last refresh: all compressed bytes done, with the per-file rate of t.tsv.
+    # tqdm's last refresh: all compressed bytes done, with the entity and row rates.
     size = dump.stat().st_size + tsv.stat().st_size
-    assert f"{size}/{size}" in err.replace(".00", "") and "rows/s" in err
+    err = err.replace(".00", "")
+    assert f"{size}/{size}" in err and "entities/s" in err and "rows/s" in err
 
 
 # --------------------------------------------------------------------------- streaming
 
 
-def test_line_batches_cut_at_line_ends_and_drop_overlong_lines(tmp_path):
+def test_line_batches_cut_at_line_ends_and_drop_overlong_lines():
     lines = [b"short", b"x" * 50, b"", b"another line", b"y" * 200, b"end"]
     data = b"\n".join(lines)  # no final newline
-    stats = pw.FileStats("f", "f", pw.InputFormat("dump", "none"), len(data))
-    import io
-
-    batches = list(pw.line_batches(io.BytesIO(data), stats, batch_bytes=16, max_line_bytes=64))
+    result = ranges.RangeResult()
+    pieces = (data[i : i + 7] for i in range(0, len(data), 7))
+    batches = list(ranges.line_batches(pieces, result, batch_bytes=16, max_line_bytes=64))
     kept = [
         (first + i, line)
         for first, blob in batches
@@ -448,26 +448,11 @@ def test_line_batches_cut_at_line_ends_and_drop_overlong_lines(tmp_path):
     ]
     assert kept == [(1, b"short"), (2, b"x" * 50), (4, b"another line"), (6, b"end")]
     assert all(blob.endswith(b"\n") for _, blob in batches[:-1])
-    assert stats.lines == 6
-    assert stats.malformed == {"line_too_long": 1} and stats.examples[0][0] == 5
+    assert result.lines == 6
+    assert result.malformed == {"line_too_long": 1} and result.examples[0][0] == 5
 
 
-def test_read_ahead_is_bounded():
-    consumed = []
-
-    def tasks():
-        for i in range(100):
-            consumed.append(i)
-            yield i
-
-    with ThreadPool(2) as pool:
-        results = pw._ordered_results(tasks(), lambda i: i * 2, pool, window=4)
-        assert next(results) == 0
-        assert len(consumed) <= 5
-        assert list(results) == [2 * i for i in range(1, 100)]
-
-
-def test_worker_pool_and_decompressors_give_the_same_output(tmp_path):
+def test_range_sizes_and_batch_sizes_give_the_same_output(tmp_path):
     entities = [
         item(f"Q{i}", statement("P31", f"Q{i % 7 + 1}"), statement("P17", "Q30"))
         for i in range(1, 400)
@@ -479,16 +464,17 @@ def test_worker_pool_and_decompressors_give_the_same_output(tmp_path):
     ]
     reference, ref_rows, ref_report = run(tmp_path, paths)
     assert len(reference) == 2 * 399 + 300
-    for extra in (
-        ["--workers", "2", "--batch-mb", "0.002"],
-        ["--decompressor", "stdlib", "--batch-mb", "0.001"],
-        ["--decompressor", "parallel", "--threads", "2"],
-    ):
+    assert [item["ranges"] for item in ref_report["inputs"]] == [1, 1, 1]
+    for extra in (["--batch-mb", "0.002"], ["--range-mb", "0.0005", "--batch-mb", "0.001"]):
         _, rows, report = run(tmp_path, paths, *extra)
         assert rows == ref_rows
+        cuts = [item["ranges"] for item in report["inputs"]]
         for a, b in zip(report["inputs"], ref_report["inputs"], strict=True):
-            a.pop("seconds", None), b.pop("seconds", None)
+            for key in ("seconds", "cpu_seconds", "ranges"):
+                a.pop(key), b.pop(key, None)
             assert a == b
+    # The last run cut the bz2 and the plain file into many ranges; gzip is one range.
+    assert cuts[0] > 2 and cuts[1] == 1 and cuts[2] > 2
     assert by_name(ref_report)["d.json.bz2"]["malformed_examples"][0]["line"] == 3
 
 
@@ -499,42 +485,27 @@ def test_damaged_stream_keeps_what_came_before_and_fails_unless_allowed(tmp_path
     # Two bzip2 streams, the second cut short: as a download that broke off.
     path.write_bytes(bz2.compress("".join(lines).encode()) + second[: len(second) // 2])
     out = tmp_path / "t.parquet"
-    batch_bytes = 5000
-    for decompressor in ("stdlib", "parallel"):
-        args = [
-            "--out",
-            str(out),
-            "--workers",
-            "1",
-            "--no-progress",
-            str(path),
-            "--decompressor",
-            decompressor,
-            "--batch-mb",
-            str(batch_bytes / 2**20),
-        ]
-        with pytest.raises(PipelineError, match="damaged compressed input"):
-            pw.main(args)
-        heads = [r["head"] for r in read_parquet(out, TRIPLES_SCHEMA).to_pylist()]
-        # What comes back is the file's first lines in order: all of them from the standard
-        # library; indexed_bzip2 drops the one read (<= batch) that meets the damage.
-        kept = 400 if decompressor == "stdlib" else 400 - batch_bytes // len(lines[0]) - 1
-        assert heads[:kept] == [f"Q{i}" for i in range(1, kept + 1)]
-        assert heads == [f"Q{i}" for i in range(1, len(heads) + 1)]
-        report = pw.main([*args, "--allow-damaged"])
-        stats = report["inputs"][0]
-        assert stats["stream_error"].endswith(f"(after line {len(heads)})")
-        assert stats["lines"] == len(heads) and stats["malformed_lines"] == 0
-        assert "WARNING: damaged stream" in capsys.readouterr().out
+    args = ["--out", str(out), "--workers", "0", "--no-progress", str(path), "--batch-mb", "0.005"]
+    with pytest.raises(PipelineError, match="damaged compressed input"):
+        pw.main(args)
+    heads = [r["head"] for r in read_parquet(out, TRIPLES_SCHEMA).to_pylist()]
+    # What comes back is every line of the intact first stream, in order.
+    assert heads == [f"Q{i}" for i in range(1, 401)]
+    report = pw.main([*args, "--allow-damaged"])
+    stats = report["inputs"][0]
+    assert stats["stream_error"].endswith("(range 0, after line 400)")
+    assert stats["lines"] == len(heads) and stats["malformed_lines"] == 0
+    assert report["damaged"] is True and report["damaged_ranges"] == stats["damaged_ranges"] == 1
+    assert "WARNING: damaged stream" in capsys.readouterr().out
 
 
 def test_columnar_triple_parse_agrees_with_the_line_loop():
     clean = b"Q1\tP31\tQ5\nQ22 \t P17\tQ30\r\nQ4294967295\tP1\tQ3\nQ7\tP8\tQ9"
-    fast = pw.parse_triples_batch(1, clean, "\t")
-    assert pw._triples_columnar(clean, "\t") is not None
+    fast = parse.parse_triples_batch(1, clean, "\t")
+    assert parse._triples_columnar(clean, "\t") is not None
     # A blank line sends the batch through the line loop.
-    assert pw._triples_columnar(clean + b"\n\n", "\t") is None
-    slow = pw.parse_triples_batch(1, clean + b"\n\n", "\t")
+    assert parse._triples_columnar(clean + b"\n\n", "\t") is None
+    slow = parse.parse_triples_batch(1, clean + b"\n\n", "\t")
     for a, b in (
         (fast.heads, slow.heads),
         (fast.relations, slow.relations),
@@ -550,8 +521,8 @@ def test_columnar_triple_parse_agrees_with_the_line_loop():
         b"Q1\tP31\tQ5\tQ6\n",
         b'"Q1"\tP31\tQ5\n',
     ):
-        assert pw._triples_columnar(bad, "\t") is None
-        assert len(pw.parse_triples_batch(1, bad, "\t").heads) == 0
+        assert parse._triples_columnar(bad, "\t") is None
+        assert len(parse.parse_triples_batch(1, bad, "\t").heads) == 0
 
 
 # --------------------------------------------------------------------------- bad input
@@ -583,7 +554,7 @@ def test_clashing_names_missing_inputs_and_bad_side_files(tmp_path):
     (tmp_path / "b").mkdir()
     one = write_lines(tmp_path / "a" / "t.tsv", ["Q1\tP31\tQ5"])
     two = write_lines(tmp_path / "b" / "t.tsv", ["Q2\tP31\tQ5"])
-    out = ["--out", str(tmp_path / "t.parquet"), "--no-progress", "--workers", "1"]
+    out = ["--out", str(tmp_path / "t.parquet"), "--no-progress", "--workers", "0"]
     with pytest.raises(PipelineError, match="share the file name"):
         pw.main([*out, str(one), str(two)])
     with pytest.raises(PipelineError, match="no INPUT files"):
@@ -638,7 +609,7 @@ def test_data_mirror_counts_and_coverage(tmp_path):
             "--out",
             str(out),
             "--workers",
-            "1",
+            "0",
             "--no-progress",
             *map(str, triple_files),
             *map(str, dumps),
@@ -689,3 +660,35 @@ def test_data_mirror_counts_and_coverage(tmp_path):
     from_triple_files = set(from_triple_files.column("relation").unique().to_pylist())
     train = json.loads((fewrel / "train_wiki.json").read_text())
     assert len(set(train) & from_triple_files) == 60
+
+
+def test_mirror_dump_cut_in_half_keeps_what_the_stdlib_reader_keeps(tmp_path, mirror, capsys):
+    """Issue 9: a .json.bz2 cut in half kept fewer entities than the standard library's
+    reader (0 in the report), and ``--allow-damaged`` hid the damage from the report."""
+    source = mirror / "wikidata" / "dumps" / "opentapioca_sample_wikidata_items.json.bz2"
+    data = source.read_bytes()
+    cut = tmp_path / "cut.json.bz2"
+    cut.write_bytes(data[: len(data) // 2])
+    text = b""
+    with pytest.raises(EOFError), bz2.open(cut) as stream:  # what the stdlib reader keeps
+        while piece := stream.read1(4096):
+            text += piece
+    whole = text[: text.rfind(b"\n") + 1].split(b"\n")
+    expected = [line for line in whole if line.strip() not in (b"", b"[", b"]")]
+    assert 0 < len(expected) < 100
+
+    args = ["--out", str(tmp_path / "t.parquet"), "--report", str(tmp_path / "r.json")]
+    args += ["--no-progress", "--workers", "0", str(cut)]
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(pw.main, args)
+    assert exit_info.value.code == 2
+    assert "error: damaged compressed input(s) ['cut.json.bz2']" in capsys.readouterr().err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["damaged"] is True and report["inputs"][0]["entities"] == len(expected)
+
+    report = pw.main([*args, "--allow-damaged"])
+    stats = report["inputs"][0]
+    assert report["damaged"] is True and report["damaged_ranges"] == 1
+    assert stats["entities"] == len(expected) and stats["triples"] > 0
+    assert stats["stream_error"].startswith("file ends inside the block")
+    assert "WARNING: damaged stream" in capsys.readouterr().out

@@ -1,0 +1,178 @@
+"""Run the ranges of all inputs: in this process, on a local Dask cluster, or on an existing one.
+
+Why Dask distributed: the work is a bag of independent, CPU-bound Python tasks whose results
+(uint32 arrays) come back to one place to be merged in order; ``Client.map`` plus
+``as_completed`` is exactly that, a ``LocalCluster`` sized to the machine needs no setup, and
+the same code reaches a cluster of many machines by its scheduler address (``dask
+scheduler`` / ``dask worker``, or dask-jobqueue / dask-kubernetes). It is pure Python on
+PyPI, and Prefect runs it through prefect-dask.
+
+The result does not depend on the engine or the number of workers: ranges are cut at fixed
+offsets, each range's result is a function of its bytes alone, and the merge reads them in
+range order. Finished ranges are kept on disk (:mod:`pipeline.wikidata.collect`), so a
+killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from pipeline.errors import PipelineError
+from pipeline.wikidata.collect import FileStats, ParseResult, PartStore, manifest, merge
+from pipeline.wikidata.formats import detect_format
+from pipeline.wikidata.ranges import (
+    DEFAULT_BATCH_BYTES,
+    DEFAULT_RANGE_BYTES,
+    RangeResult,
+    WorkRange,
+    parse_range,
+    plan_ranges,
+)
+
+#: Environment variable naming an existing scheduler (``tcp://host:8786``).
+ADDRESS_ENV = "REGRAB_DASK_ADDRESS"
+#: Seconds to wait for an existing scheduler to answer.
+CONNECT_TIMEOUT_S = 10
+
+
+def _serial(ranges: list[WorkRange], batch_bytes: int) -> Iterator[tuple[WorkRange, RangeResult]]:
+    for work in ranges:
+        yield work, parse_range(work, batch_bytes)
+
+
+def _on_dask(
+    ranges: list[WorkRange], batch_bytes: int, workers: int, address: str | None
+) -> Iterator[tuple[WorkRange, RangeResult]]:
+    """Ranges as Dask tasks, results in the order they finish."""
+    from distributed import Client, LocalCluster, as_completed
+
+    cluster = None
+    if address:
+        try:
+            client = Client(address, timeout=CONNECT_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - refused, timed out, or not Dask at all
+            raise PipelineError(
+                f"cannot reach Dask scheduler at {address} ({type(exc).__name__}); start it "
+                "(`dask scheduler` and `dask worker ADDRESS` on the machines), fix the "
+                f"address, or drop --cluster / unset {ADDRESS_ENV} to use a local cluster"
+            ) from exc
+    else:
+        # One single-threaded process per worker: parsing holds the GIL.
+        cluster = LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=logging.ERROR,
+        )
+        client = Client(cluster)
+    try:
+        by_key = {}
+        futures = []
+        for work in ranges:
+            future = client.submit(parse_range, work, batch_bytes, key=f"range-{work.name}")
+            by_key[future.key] = work
+            futures.append(future)
+        for future in as_completed(futures):
+            result = future.result()
+            yield by_key[future.key], result
+            future.release()
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def parse_inputs(
+    paths: list[Path],
+    work_dir: Path,
+    workers: int = 1,
+    address: str | None = None,
+    range_bytes: int = DEFAULT_RANGE_BYTES,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    progress: bool = True,
+) -> tuple[ParseResult, PartStore]:
+    """Parse every input; formats are checked for all of them before any long work starts.
+
+    Args:
+        paths: Dumps and triple files, in the order that decides ``source``.
+        work_dir: Folder for finished ranges (resume); the caller removes it when done.
+        workers: 0 parses in this process; otherwise the size of the local Dask cluster
+            (started only when there is more than one range's worth of work to do).
+        address: An existing Dask scheduler to use instead of a local cluster.
+        range_bytes: Compressed bytes per work unit (fixes the cut, not the result).
+        batch_bytes: Decompressed bytes parsed at once inside a range.
+        progress: Show a tqdm bar: compressed bytes done, entities/s, ETA.
+
+    Returns:
+        The merged triples and counts, and the store of finished ranges.
+
+    Raises:
+        PipelineError: An input is missing, unreadable, of unknown format, or listed twice;
+            the scheduler at ``address`` cannot be reached.
+    """
+    if len(paths) > np.iinfo(np.uint16).max:
+        raise PipelineError(f"{len(paths)} inputs; at most 65535 fit the file index, merge some")
+    formats = [detect_format(path) for path in paths]
+    names = [path.name for path in paths]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise PipelineError(
+            f"inputs share the file name(s) {repeated}; the source column needs unique "
+            "names, so list each file once and rename clashing ones"
+        )
+    stats = [
+        FileStats(path.name, str(path), fmt, path.stat().st_size)
+        for path, fmt in zip(paths, formats, strict=True)
+    ]
+    ranges = [
+        work
+        for index, (path, fmt) in enumerate(zip(paths, formats, strict=True))
+        for work in plan_ranges(path, index, fmt, range_bytes)
+    ]
+    store = PartStore(work_dir, manifest(paths, formats, range_bytes))
+    todo = [work for work in ranges if not store.done(work)]
+    bar = tqdm(
+        total=sum(work.stop - work.start for work in ranges),
+        initial=sum(work.stop - work.start for work in ranges if store.done(work)),
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1000,
+        desc=f"parse ({len(ranges) - len(todo)} of {len(ranges)} ranges done before)",
+        disable=not progress,
+        mininterval=1.0,
+        dynamic_ncols=True,
+    )
+    started, done = time.perf_counter(), {"entities": 0, "rows": 0}
+    # Starting worker processes takes seconds: not worth it for a single range of work.
+    small = sum(work.stop - work.start for work in todo) <= range_bytes
+    if not address and (workers == 0 or small):
+        results, engine = _serial(todo, batch_bytes), "in-process"
+    elif address:
+        results, engine = _on_dask(todo, batch_bytes, 0, address), f"Dask scheduler {address}"
+    else:
+        results = _on_dask(todo, batch_bytes, workers, None)
+        engine = f"local Dask cluster, {workers} workers"
+    try:
+        for work, result in results:
+            store.save(work, result)
+            if work.format.kind == "dump":
+                done["entities"] += result.entities
+            else:
+                done["rows"] += result.records
+            bar.update(work.stop - work.start)
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            rates = (f"{n / elapsed:,.0f} {unit}/s" for unit, n in done.items() if n)
+            bar.set_postfix_str(", ".join(rates), refresh=False)
+    finally:
+        results.close()
+        bar.close()
+    parsed = merge(store, ranges, stats)
+    parsed.engine = engine
+    return parsed, store

@@ -1,0 +1,181 @@
+"""The output tables: exact deduplication, the triples writer, relations with their labels.
+
+Triples are deduplicated across all inputs and written in order of first occurrence with
+``source`` = the input's file name. English property labels come from property entities
+in the dumps, else from FewRel's ``pid2name.json``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_path
+from pipeline.schemas import RELATIONS_SCHEMA, TRIPLES_SCHEMA
+from pipeline.wikidata.collect import ParseResult
+from pipeline.wikidata.parse import id_number
+
+#: Rows per Parquet write when streaming the triples table out.
+WRITE_CHUNK_ROWS = 1 << 20
+
+
+def first_occurrences(parsed: ParseResult) -> np.ndarray:
+    """Indices of each distinct triple's first occurrence, ascending; fills per-file counts.
+
+    Sets ``distinct_triples`` (distinct triples in the file) and ``new_triples`` (those
+    first seen in it, i.e. its rows in the output) on every ``FileStats``.
+    """
+    n = len(parsed.heads)
+    files = len(parsed.stats)
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    # Sorting by (head, relation, tail, file) groups repeats; the file key lets the same
+    # pass count distinct triples per file.
+    order = np.lexsort((parsed.file_index, parsed.tails, parsed.relations, parsed.heads))
+    h, r, t = parsed.heads[order], parsed.relations[order], parsed.tails[order]
+    f = parsed.file_index[order]
+    new_triple = np.ones(n, dtype=bool)
+    new_triple[1:] = (h[1:] != h[:-1]) | (r[1:] != r[:-1]) | (t[1:] != t[:-1])
+    del h, r, t
+    new_pair = new_triple.copy()
+    new_pair[1:] |= f[1:] != f[:-1]
+    distinct = np.bincount(f[new_pair], minlength=files)
+    starts = np.flatnonzero(new_triple)
+    # The smallest index in each group is the first occurrence, whatever the sort's
+    # tie order.
+    first = np.minimum.reduceat(order, starts)
+    first.sort()
+    new = np.bincount(parsed.file_index[first], minlength=files)
+    for stats, d, k in zip(parsed.stats, distinct, new, strict=True):
+        stats.distinct_triples, stats.new_triples = int(d), int(k)
+    return first
+
+
+def _id_strings(prefix: str, numbers: np.ndarray) -> pa.Array:
+    return pc.binary_join_element_wise(prefix, pc.cast(pa.array(numbers), pa.string()), "")
+
+
+def write_triples(parsed: ParseResult, keep: np.ndarray, path: Path) -> None:
+    """Stream the kept triples to ``path`` as TRIPLES_SCHEMA Parquet, atomically.
+
+    Written in row groups rather than through ``pipeline.io.write_parquet`` so that the
+    string columns of a full dump never exist in memory at once; ``atomic_path`` gives
+    the same all-or-nothing write.
+    """
+    names = pa.array([s.name for s in parsed.stats], pa.string())
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, TRIPLES_SCHEMA) as writer:
+        for start in range(0, max(len(keep), 1), WRITE_CHUNK_ROWS):
+            rows = keep[start : start + WRITE_CHUNK_ROWS]
+            table = pa.table(
+                [
+                    _id_strings("Q", parsed.heads[rows]),
+                    _id_strings("P", parsed.relations[rows]),
+                    _id_strings("Q", parsed.tails[rows]),
+                    names.take(pa.array(parsed.file_index[rows].astype(np.int32))),
+                ],
+                schema=TRIPLES_SCHEMA,
+            )
+            writer.write_table(table)
+
+
+def load_pid2name(path: Path) -> dict[int, str]:
+    """FewRel ``pid2name.json`` (``{"P17": [name, description], ...}``) -> {17: name}.
+
+    Raises:
+        PipelineError: The file is missing or not in that layout.
+    """
+    try:
+        data = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise PipelineError(
+            f"cannot read --pid2name {path} ({exc.strerror}); check the path"
+        ) from exc
+    except orjson.JSONDecodeError as exc:
+        raise PipelineError(
+            f"--pid2name {path} is not valid JSON ({exc}); download it again"
+        ) from exc
+    if not isinstance(data, dict):
+        raise PipelineError(f"--pid2name {path} is not a JSON object of Pid -> [name, ...]")
+    names = {}
+    for key, value in data.items():
+        number = id_number(key, "P")
+        name = value[0] if isinstance(value, list) and value else value
+        if number is None:  # FewRel's file has a placeholder "P0": ["None", "None"]
+            continue
+        if not isinstance(name, str):
+            raise PipelineError(
+                f"--pid2name {path}: entry {key!r}: {value!r} is not Pid -> [name, description]; "
+                "use FewRel's pid2name.json"
+            )
+        names[number] = name
+    return names
+
+
+def relations_table(
+    parsed: ParseResult, keep: np.ndarray, pid2name: dict[int, str]
+) -> tuple[pa.Table, dict[str, int]]:
+    """RELATIONS_SCHEMA table of every relation with triples, by property number.
+
+    Returns:
+        The table and how many labels came from the dumps, from pid2name, or are missing.
+    """
+    counts = np.bincount(parsed.relations[keep]) if len(keep) else np.zeros(0, np.int64)
+    numbers = np.flatnonzero(counts)
+    labels, origin = [], Counter()
+    for number in numbers.tolist():
+        if number in parsed.labels:
+            labels.append(parsed.labels[number])
+            origin["dump"] += 1
+        elif number in pid2name:
+            labels.append(pid2name[number])
+            origin["pid2name"] += 1
+        else:
+            labels.append(None)
+            origin["missing"] += 1
+    table = pa.table(
+        {
+            "relation": [f"P{n}" for n in numbers.tolist()],
+            "label": pa.array(labels, pa.string()),
+            "triple_count": pa.array(counts[numbers], pa.int64()),
+        },
+        schema=RELATIONS_SCHEMA,
+    )
+    return table, {key: origin[key] for key in ("dump", "pid2name", "missing")}
+
+
+def relation_coverage(path: Path, relations: set[str]) -> dict[str, Any]:
+    """How many of a FewRel file's relations (its top-level keys) have triples.
+
+    Raises:
+        PipelineError: The file is missing or not a FewRel-format JSON object.
+    """
+    try:
+        data = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise PipelineError(
+            f"cannot read --coverage {path} ({exc.strerror}); check the path"
+        ) from exc
+    except orjson.JSONDecodeError as exc:
+        raise PipelineError(
+            f"--coverage {path} is not valid JSON ({exc}); download it again"
+        ) from exc
+    if not isinstance(data, dict) or not all(id_number(k, "P") for k in data):
+        raise PipelineError(
+            f"--coverage {path} is not FewRel-format JSON (an object keyed by relation Pids)"
+        )
+    wanted = sorted(data, key=lambda pid: int(pid[1:]))
+    missing = [pid for pid in wanted if pid not in relations]
+    return {
+        "path": str(path),
+        "relations": len(wanted),
+        "covered": len(wanted) - len(missing),
+        "missing": missing,
+    }
