@@ -3,12 +3,16 @@
 Start a Prefect server first (``scripts/prefect_stack.sh server-start``), then::
 
     PREFECT_API_URL=http://127.0.0.1:4200/api python -m pipeline.deploy \\
-        [--cron "0 3 * * 1"] [--timezone UTC] [--repo-dir .]
+        [--cron "0 3 * * 1"] [--timezone UTC] [--repo-dir .] [--cluster tcp://HOST:8786]
 
 The process registers the deployment, then stays in the foreground and runs each
 scheduled or triggered flow run in a subprocess (``flow.serve``). One run at a time:
 two DVC runs in one workspace would fight over its lock. On Ctrl-C / SIGTERM it stops
 and pauses the schedule, so nothing piles up while no one serves it.
+
+``--cluster`` sets the deployment's ``cluster`` parameter: the Dask scheduler the
+``parse_wikidata`` stage runs on (checked for its form here, for an answer at run time;
+a triggered run can override it with ``--param cluster=...``).
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from pipeline.dvc_access import repo_root
 from pipeline.errors import PipelineError, run_cli
-from pipeline.flows import _repo_root, retrain
+from pipeline.flows import DASK_ADDRESS_ENV, check_cluster, retrain
 
 DEPLOYMENT_NAME = "scheduled"
 #: Weekly, Monday 03:00: the fetch stage sees the week's new data; nobody waits on it.
@@ -82,9 +87,18 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="register the schedule paused (runs only when triggered)",
     )
+    parser.add_argument(
+        "--cluster",
+        default=os.environ.get(DASK_ADDRESS_ENV) or None,
+        metavar="ADDRESS",
+        help=f"Dask scheduler tcp://HOST:PORT for parse_wikidata (env {DASK_ADDRESS_ENV}; "
+        "default: the stage's local cluster)",
+    )
     args = parser.parse_args(argv)
 
-    repo_dir = str(_repo_root(args.repo_dir))
+    repo_dir = str(repo_root(args.repo_dir))
+    # The cluster may be down now and up at 03:00: only its form is checked here.
+    cluster = check_cluster(args.cluster, connect=False)
     check_server(PREFECT_API_URL.value())
     try:
         schedule = Cron(args.cron, timezone=args.timezone)
@@ -102,8 +116,11 @@ def main(argv: list[str] | None = None) -> None:
         name=DEPLOYMENT_NAME,
         schedule=schedule,
         paused=args.paused,
-        parameters={"overrides": None, "repo_dir": repo_dir},
-        description=f"Weekly DVC retrain of {Path(repo_dir).name}; params: overrides, repo_dir",
+        parameters={"overrides": None, "repo_dir": repo_dir, "cluster": cluster},
+        description=(
+            f"Weekly DVC retrain of {Path(repo_dir).name}; "
+            "params: overrides, repo_dir, targets, cluster"
+        ),
         tags=["regrab", "retrain"],
         limit=1,
         # Load the flow by module, not by file path: the runner's subprocess then finds it

@@ -1,9 +1,14 @@
-"""Turn a partial params file into ``dvc exp run -S`` arguments.
+"""Parameter overrides: the one place that checks, parses and applies ``key=value`` changes.
 
-A parameter set such as ``params-paper-gpu.yaml`` holds only the keys it changes.
-``python -m pipeline.overrides params-paper-gpu.yaml`` prints one ``-S key=value``
-per leaf, so ``dvc exp run $(python -m pipeline.overrides FILE)`` runs the pipeline
-with that set as a DVC experiment while ``params.yaml`` keeps the defaults.
+Two users share it. ``python -m pipeline.overrides params-paper-gpu.yaml`` turns a partial
+params file (one holding only the keys it changes) into ``dvc exp run -S`` arguments, so
+``dvc exp run $(python -m pipeline.overrides FILE)`` runs that set as a DVC experiment
+while ``params.yaml`` keeps the defaults. The Prefect flow (``pipeline.flows``) checks its
+overrides with :func:`resolve` and writes them with :func:`apply`.
+
+Values given as text are read with Hydra's override grammar, the grammar of
+``dvc exp run -S`` (``5`` is a number, ``'5'`` a string, ``[1, 2]`` a list, ``2e-4`` a
+float), so a key set through the flow means what it means on DVC's command line.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 import yaml
 
 from pipeline.errors import PipelineError, run_cli
+from pipeline.io import atomic_path
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -30,13 +36,113 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _walk(params: Any, key: str) -> tuple[bool, Any]:
+    """``(found, value)`` of dotted ``key`` in ``params``; a digit part indexes a list."""
+    node = params
+    for part in key.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False, None
+    return True, node
+
+
+def check_key(params: Any, key: Any, source: str = "params.yaml") -> Any:
+    """Return the current value of dotted ``key``; raise if ``params`` has no such key.
+
+    Raises:
+        PipelineError: naming the key and the sections ``source`` does have.
+    """
+    found, value = _walk(params, key) if isinstance(key, str) and key else (False, None)
+    if not found:
+        sections = ", ".join(sorted(params)) if isinstance(params, dict) and params else "(none)"
+        raise PipelineError(
+            f"{key} is not a key of {source}; use section.key with one of the sections: "
+            f"{sections}"
+        )
+    return value
+
+
+def parse_value(key: str, text: str) -> Any:
+    """Read ``text`` as ``dvc exp run -S key=text`` would (Hydra's override grammar).
+
+    Raises:
+        PipelineError: when the text is not a valid override value.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        (override,) = OverridesParser.create().parse_overrides([f"{key}={text}"])
+    except HydraException as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise PipelineError(
+            f"cannot read the value of {key}={text} ({reason}); write it as on "
+            "`dvc exp run -S`: 5, 0.1, true, [1, 2], or quote a string: 'text'"
+        ) from exc
+    if override.is_sweep_override():
+        raise PipelineError(f"{key}={text} is a sweep; give one value per run")
+    return override.value()
+
+
+def resolve(
+    params_path: Path, overrides: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Check ``overrides`` against ``params_path``; return (new values, current values).
+
+    A string value is parsed like on DVC's command line; other values are taken as
+    they are (a deployment parameter ``{"train.steps": 5}`` is already a number).
+
+    Raises:
+        PipelineError: the file is missing, a key is unknown or a value unreadable.
+    """
+    if not overrides:
+        return {}, {}
+    if not params_path.is_file():
+        raise PipelineError(
+            f"overrides given but {params_path} does not exist; add it or drop the overrides"
+        )
+    params = yaml.safe_load(params_path.read_text()) or {}
+    new, old = {}, {}
+    for key, value in overrides.items():
+        old[key] = check_key(params, key, params_path.name)
+        new[key] = parse_value(key, value) if isinstance(value, str) else value
+    return new, old
+
+
+def describe(values: dict[str, Any]) -> list[str]:
+    """``key=value`` strings for logs and reports (values as JSON)."""
+    return [f"{key}={json.dumps(value, default=str)}" for key, value in values.items()]
+
+
+def apply(params_path: Path, values: dict[str, Any]) -> None:
+    """Set dotted keys in ``params_path`` in place, keeping its comments and layout.
+
+    The keys must exist (check them with :func:`resolve` first). The file is
+    rewritten atomically, so a crash leaves the old or the new file, never half.
+    """
+    from ruamel.yaml import YAML
+
+    rt = YAML()  # round-trip mode: comments, key order and quoting survive
+    rt.preserve_quotes = True
+    data = rt.load(params_path.read_text())
+    for key, value in values.items():
+        *parents, last = key.split(".")
+        node = data
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        node[int(last) if isinstance(node, list) else last] = value
+    with atomic_path(params_path) as tmp, tmp.open("w") as fh:
+        rt.dump(data, fh)
+
+
 def overrides(profile: dict[str, Any], base: dict[str, Any]) -> list[str]:
     """``-S`` arguments for every leaf of ``profile``; each key must exist in ``base``."""
-    known = flatten(base)
     args = []
     for key, value in flatten(profile).items():
-        if key not in known:
-            raise PipelineError(f"{key} is not a key of params.yaml; fix the parameter set")
+        check_key(base, key)
         text = json.dumps(value, separators=(",", ":"))
         if any(ch.isspace() for ch in text):
             # The output is meant for $(...), which splits on whitespace.

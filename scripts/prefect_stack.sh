@@ -2,8 +2,10 @@
 # Start and stop the local Prefect server and the process serving regrab-retrain/scheduled.
 #
 #   scripts/prefect_stack.sh server-start   # prefect server on 127.0.0.1:$PREFECT_PORT
-#   scripts/prefect_stack.sh serve-start [pipeline.deploy options, e.g. --cron "0 3 * * 1"]
-#   scripts/prefect_stack.sh run [prefect deployment run options, e.g. -p repo_dir='"/x"']
+#   scripts/prefect_stack.sh serve-start [pipeline.deploy options, e.g. --cron "0 3 * * 1",
+#                                         --cluster tcp://HOST:8786 for parse_wikidata on Dask]
+#   scripts/prefect_stack.sh run [prefect deployment run options, e.g. -p repo_dir='"/x"',
+#                                 --param cluster=tcp://HOST:8786]
 #   scripts/prefect_stack.sh status
 #   scripts/prefect_stack.sh stop           # serve process first, then the server
 #

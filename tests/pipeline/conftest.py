@@ -49,9 +49,10 @@ stages:
 """
 
 FETCH = """\
-import sys
+import os, sys
 from pathlib import Path
 import yaml
+Path("fetch_dask.txt").write_text(os.environ.get("REGRAB_DASK_ADDRESS", ""))
 p = yaml.safe_load(open("params.yaml"))["fetch"]
 counter = Path("fetch_attempts.txt")
 attempt = int(counter.read_text()) + 1 if counter.exists() else 1
@@ -64,9 +65,11 @@ Path("data.txt").write_text("\\n".join(str(i) for i in range(p["n"])) + "\\n")
 """
 
 TRAIN = """\
-import sys
+import os, sys
+from pathlib import Path
 import yaml
 from pipeline.io import atomic_path
+Path("train_dask.txt").write_text(os.environ.get("REGRAB_DASK_ADDRESS", ""))
 p = yaml.safe_load(open("params.yaml"))["train"]
 total = sum(int(x) for x in open("data.txt").read().split())
 with atomic_path("model.txt") as tmp:
@@ -120,7 +123,7 @@ def build_tiny_repo(root: Path) -> Path:
         "fetch.py": FETCH,
         "train.py": TRAIN,
         "evaluate.py": EVALUATE,
-        ".gitignore": "fetch_attempts.txt\n",
+        ".gitignore": "fetch_attempts.txt\n*_dask.txt\n",
     }.items():
         (root / name).write_text(text)
     _run(["git", "add", "-A"], root)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -27,12 +29,15 @@ from pipeline.errors import PipelineError
 from pipeline.flows import (
     StageError,
     artifact_key,
+    check_cluster,
     metric_rows,
     plan_stages,
     retrain,
     stage_task,
     validate_overrides,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -123,6 +128,74 @@ def test_unknown_override_key_names_key_and_sections(tiny_repo: Path):
     assert "fetch, train" in str(err.value)
 
 
+def test_frozen_stage_does_not_pull_its_upstream(tiny_repo: Path):
+    subprocess.run(
+        [sys.executable, "-m", "dvc", "freeze", "train"], cwd=tiny_repo, check=True, timeout=120
+    )
+    assert [s.name for s in plan_stages(tiny_repo, ["evaluate"])] == ["train", "evaluate"]
+
+
+def test_cluster_address_is_checked(tmp_path: Path):
+    assert check_cluster(None) is None
+    assert check_cluster("10.0.0.5:8786", connect=False) == "tcp://10.0.0.5:8786"
+    for bad in ("10.0.0.5", "http://h:8786", "tcp://:8786", "tcp://h:port"):
+        with pytest.raises(PipelineError, match="not a Dask scheduler address"):
+            check_cluster(bad, connect=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound but not listening: nothing answers
+        with pytest.raises(PipelineError, match=f"no Dask scheduler answers at tcp://127.0.0.1:{port}"):
+            check_cluster(f"127.0.0.1:{port}")
+
+
+def cli(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m pipeline.flows ARGS`` with no Prefect server configured."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.flows", "--repo-dir", str(repo), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-S", "train.scale"], "-S expects key=value"),
+        (["-S", "train.scael=3"], "train.scael is not a key of params.yaml"),
+        (["-S", "train.scale=[1,"], "cannot read the value of train.scale=[1,"),
+        (["--target", "trian"], "unknown target trian; valid stages: evaluate, train, fetch"),
+        (["--cluster", "nohost"], "cluster address 'nohost' is not a Dask scheduler address"),
+    ],
+)
+def test_cli_errors_come_first_as_one_line(tiny_repo: Path, args: list[str], message: str):
+    done = cli(tiny_repo, *args)
+    assert done.returncode == 2, done
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    # One line, and no temporary Prefect server was started for it.
+    assert lines == [f"error: {lines[0].removeprefix('error: ')}"], lines
+    assert message in lines[0]
+
+
+def test_cli_errors_for_a_folder_that_is_no_project(tiny_repo: Path, tmp_path: Path):
+    done = cli(tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        f"error: {tmp_path.resolve()} is not a DVC pipeline (needs .dvc/ and dvc.yaml); "
+        "pass --repo-dir (repo_dir) pointing at the project root"
+    ]
+    no_git = tmp_path / "no-git"
+    subprocess.run(["cp", "-r", str(tiny_repo), str(no_git)], check=True)
+    subprocess.run(["rm", "-rf", str(no_git / ".git")], check=True)
+    done = cli(no_git, "-S", "train.scale=3")
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: {no_git.resolve()} is not a git repository")
+
+
 def test_only_the_network_stage_retries():
     assert stage_task("fetch").retries == 2
     assert stage_task("train").retries == 0
@@ -190,7 +263,7 @@ def test_unknown_override_key_fails_before_any_stage(prefect_server, tiny_repo: 
     params_before = (tiny_repo / "params.yaml").read_text()
     state = retrain(overrides={"train.nope": 1}, repo_dir=str(tiny_repo), return_state=True)
     assert state.is_failed()
-    with pytest.raises(PipelineError, match="unknown parameter 'train.nope'"):
+    with pytest.raises(PipelineError, match="train.nope is not a key of params.yaml"):
         state.result()
     assert task_runs(state.state_details.flow_run_id) == {}
     assert (tiny_repo / "params.yaml").read_text() == params_before
@@ -215,6 +288,22 @@ def test_stage_failure_fails_the_run_with_the_stage_error(prefect_server, tiny_r
     assert yaml.safe_load((tiny_repo / "params.yaml").read_text())["train"]["fail"] is False
     logs = flow_run_logs(state.state_details.flow_run_id, "boom")
     assert "boom: train.fail is set, giving up" in logs
+
+
+def test_cluster_address_reaches_only_the_cluster_stages(
+    prefect_server, tiny_repo: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.delenv("REGRAB_DASK_ADDRESS", raising=False)
+    # The tiny project has no parse_wikidata; let `train` stand in for it.
+    monkeypatch.setattr(flows, "CLUSTER_STAGES", frozenset({"train"}))
+    with socket.create_server(("127.0.0.1", 0)) as scheduler:  # something that answers
+        address = f"127.0.0.1:{scheduler.getsockname()[1]}"
+        state = retrain(
+            repo_dir=str(tiny_repo), targets=["train"], cluster=address, return_state=True
+        )
+    assert state.is_completed(), state
+    assert (tiny_repo / "train_dask.txt").read_text() == f"tcp://{address}"
+    assert (tiny_repo / "fetch_dask.txt").read_text() == ""
 
 
 def test_fetch_is_retried(prefect_server, tiny_repo: Path, monkeypatch: pytest.MonkeyPatch):

@@ -1,4 +1,4 @@
-"""The served deployment end to end: real ``prefect server``, ``flow.serve``, CLI trigger.
+"""The flow against a real ``prefect server``: served and triggered, and from a fresh clone.
 
 Everything goes through ``scripts/prefect_stack.sh`` (the commands behind the
 ``make prefect-*`` targets), on 127.0.0.1 with a free port and a temporary
@@ -8,9 +8,11 @@ server), even when the test failed, and checks that both are gone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,10 +49,9 @@ def stack(env: dict[str, str], *args: str, timeout: float) -> subprocess.Complet
     )
 
 
-@pytest.fixture
-def stack_env(tmp_path: Path, tiny_repo: Path):
-    """Environment for the stack script; teardown stops whatever it started."""
-    run_dir = tmp_path / "prefect-run"
+@contextlib.contextmanager
+def prefect_stack(run_dir: Path, **extra: str):
+    """Environment for the stack script; on exit, stop whatever it started, by PID."""
     env = {
         **os.environ,
         "PYTHON": sys.executable,
@@ -60,10 +61,18 @@ def stack_env(tmp_path: Path, tiny_repo: Path):
         "PREFECT_RUN_TIMEOUT": "150",
         # Pick up triggered runs within 2 s instead of the default 10 s.
         "PREFECT_RUNNER_POLL_FREQUENCY": "2",
-        "REGRAB_REPO_DIR": str(tiny_repo),
+        **extra,
     }
     env.pop("PREFECT_API_URL", None)
-    yield env
+    try:
+        yield env
+    except BaseException:
+        stop_stack(env, run_dir, check=False)  # keep the test's own error as the one raised
+        raise
+    stop_stack(env, run_dir)
+
+
+def stop_stack(env: dict[str, str], run_dir: Path, check: bool = True) -> None:
     started = {}
     for name in ("serve", "server"):
         pid_file = run_dir / f"{name}.pid"
@@ -73,7 +82,15 @@ def stack_env(tmp_path: Path, tiny_repo: Path):
     leftovers = {name: pid for name, pid in started.items() if alive(pid)}
     for pid in leftovers.values():  # never leave a server behind, even if stop failed
         os.kill(pid, signal.SIGKILL)
-    assert not leftovers, f"still running after stop: {leftovers}\n{stopped.stdout}{stopped.stderr}"
+    output = stopped.stdout + stopped.stderr
+    assert not check or not leftovers, f"still running after stop: {leftovers}\n{output}"
+
+
+@pytest.fixture
+def stack_env(tmp_path: Path, tiny_repo: Path):
+    """Stack environment serving the tiny project; teardown stops whatever it started."""
+    with prefect_stack(tmp_path / "prefect-run", REGRAB_REPO_DIR=str(tiny_repo)) as env:
+        yield env
 
 
 def test_run_without_server_says_what_to_do(tmp_path: Path):
@@ -156,3 +173,78 @@ def test_served_deployment_runs_on_trigger(stack_env: dict[str, str], tiny_repo:
     (name,) = exps
     assert name.startswith(run.name)
     assert exps[name]["params"]["params.yaml"]["data"]["train"]["scale"] == 5
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+
+
+def fresh_clone(tmp_path: Path) -> Path:
+    """``git clone`` of this working tree as it is now: what a new user gets.
+
+    The files git would commit (tracked and untracked-not-ignored, uncommitted edits
+    included) become one commit of a scratch origin, which is then cloned. The clone has
+    no ``data/`` outputs and no DVC cache, whatever this workspace has.
+    """
+    origin = tmp_path / "origin"
+    listed = git(ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    for name in filter(None, listed.split("\0")):
+        src = ROOT / name
+        if src.is_file() or src.is_symlink():  # a deleted tracked file is listed, not copied
+            (origin / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, origin / name, follow_symlinks=False)
+    git(origin, "init", "-q", "-b", "main")
+    git(origin, "add", "-A")
+    git(origin, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "tree")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(origin), str(clone))
+    return clone
+
+
+@pytest.mark.integration
+def test_flow_runs_from_a_fresh_clone(tmp_path: Path, mirror: Path):
+    """Issue 9.1: planning needed the DVC cache's ``.dir`` entries, which a clone lacks."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    clone = fresh_clone(tmp_path)
+    assert not (clone / ".dvc" / "cache").exists()
+    assert not (clone / "data" / "raw").exists()
+    with prefect_stack(tmp_path / "prefect-run") as env:
+        up = stack(env, "server-start", timeout=200)
+        assert up.returncode == 0, up.stdout + up.stderr
+        api = f"http://127.0.0.1:{env['PREFECT_PORT']}/api"
+        start = time.monotonic()
+        # Run from the clone, so its own pipeline package is the one imported.
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeline.flows", "--target", "split_nyt"],
+            cwd=clone,
+            env={**env, "PREFECT_API_URL": api, "REGRAB_DATA_MIRROR": str(mirror)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        log = done.stdout + done.stderr
+        assert done.returncode == 0, log[-4000:]
+        print(f"fresh-clone flow up to split_nyt: {time.monotonic() - start:.1f} s")
+        with temporary_settings(updates={PREFECT_API_URL: api}):
+            with get_client(sync_client=True) as client:
+                (run,) = client.read_flow_runs()
+                tasks = client.read_task_runs()
+    assert run.state.is_completed(), run.state
+    stage_runs = {t.name: t for t in tasks if not t.name.startswith("publish-metrics")}
+    assert set(stage_runs) == {"fetch", "prepare_fewshot", "split_nyt"}
+    assert all(t.state.is_completed() for t in tasks)
+    assert sorted(p.name for p in (clone / "data" / "splits").iterdir())
+    # DVC recorded what the flow ran: nothing up to split_nyt is left to reproduce.
+    status = subprocess.run(
+        [sys.executable, "-m", "dvc", "status", "--json", "split_nyt"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert json.loads(status.stdout) == {}, status.stdout

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from pipeline.errors import PipelineError
-from pipeline.overrides import flatten, overrides
+from pipeline.overrides import apply, flatten, overrides, parse_value, resolve
 
 
 def test_flatten_and_overrides() -> None:
@@ -25,9 +25,38 @@ def test_paper_gpu_set_only_names_real_keys() -> None:
     base = yaml.safe_load(Path("params.yaml").read_text())
     profile = yaml.safe_load(Path("params-paper-gpu.yaml").read_text())
     args = overrides(profile, base)
-    assert 'model.encoder="bert-base-uncased"' in args
+    assert 'model.encoder.name="bert-base-uncased"' in args
 
 
 def test_whitespace_value_rejected() -> None:
     with pytest.raises(PipelineError, match="whitespace"):
         overrides({"model": {"encoder": "a b"}}, {"model": {"encoder": "x"}})
+
+
+def test_values_read_like_dvc_exp_run_set_param() -> None:
+    assert parse_value("a.b", "5") == 5
+    assert parse_value("a.b", "'5'") == "5"
+    assert parse_value("a.b", "2e-4") == pytest.approx(2e-4)
+    assert parse_value("a.b", "[1, 2]") == [1, 2]
+    assert parse_value("a.b", "null") is None
+    with pytest.raises(PipelineError, match=r"cannot read the value of a.b=\[1,"):
+        parse_value("a.b", "[1,")
+    with pytest.raises(PipelineError, match="is a sweep"):
+        parse_value("a.b", "1,2")
+
+
+def test_resolve_and_apply_keep_the_file_layout(tmp_path: Path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text("# top comment\ntrain:\n  steps: 300  # why 300\n  ways: [5, 10]\n")
+    new, old = resolve(path, {"train.steps": "5", "train.ways.1": 20})
+    assert new == {"train.steps": 5, "train.ways.1": 20}
+    assert old == {"train.steps": 300, "train.ways.1": 10}
+    apply(path, new)
+    text = path.read_text()
+    assert "# top comment" in text and "# why 300" in text
+    assert yaml.safe_load(text) == {"train": {"steps": 5, "ways": [5, 20]}}
+    apply(path, old)
+    assert yaml.safe_load(path.read_text()) == {"train": {"steps": 300, "ways": [5, 10]}}
+    with pytest.raises(PipelineError, match="train.stpes is not a key of params.yaml"):
+        resolve(path, {"train.stpes": 1})
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
