@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.encoder import LowerCache, encode_all
+from model.encoder_cache import LowerCache, encode_all
 from model.episodes import Episodes, EpisodeSampler, episode_accuracy
 from model.regrab import build_model, config_from_params
 from pipeline.io import read_parquet

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.encoder import LowerCache, encode_rows
+from model.encoder_cache import LowerCache, encode_rows
 from model.episodes import EpisodeSampler, gather_episodes
 from model.graph_prior import RelationGraph
 from model.regrab import build_model, config_from_params

@@ -1,1 +1,26 @@
-"""REGRAB model components, one per file (encoder, graph prior, sampler, model)."""
+"""REGRAB model components, one per file.
+
+Rooms: ``encoder`` (sentence encoder with entity markers) and ``encoder_cache`` (CPU caching
+of its frozen layers), ``graph_prior`` (GCN prior, paper Eq. 5-6), ``langevin`` (the posterior
+target and the SGLD sampler, Eq. 9-10), ``regrab`` (the REGRAB head and the MC predictive,
+Eq. 11), ``baselines`` (proto, mtb), ``episodes`` (N-way K-shot sampling and scoring),
+``transe`` (relation embeddings), ``config`` (params -> configs) and ``checkpoint`` (every
+saved model, REGRAB and TransE alike).
+
+Shape letters, used by every docstring and shape comment in the project:
+
+====  ===============================================================
+B     episodes in a batch
+S     posterior samples (Langevin chains)
+N     ways (relations of an episode)
+K     shots (support sentences per way)
+Q     queries of an episode (all ways together unless said otherwise)
+L     tokens of a sentence
+H     hidden size of the transformer
+D     sentence-encoding size (2 H with marker pooling)
+R     relations in the graph
+F     node-feature size of the graph (TransE dimension)
+E     edges of the graph
+P     positive triples in a TransE batch (G chunks of C, with M negatives drawn per chunk)
+====  ===============================================================
+"""

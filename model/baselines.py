@@ -9,7 +9,7 @@ All use the temperature of the ``model`` section, so they differ from REGRAB onl
 prototypes are formed.
 
 Shapes:
-    B episodes, N ways, K shots, M queries, D encoding size, R relations in the graph.
+    B episodes, N ways, K shots, Q queries, D encoding size (see :mod:`model`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.graph_prior import GraphPrior, RelationGraph
-from model.langevin import LangevinConfig, similarity_logits
-from model.regrab import RegrabConfig, RegrabHead
+from model.langevin import similarity_logits
 from pipeline.errors import PipelineError
 
 
@@ -28,15 +26,33 @@ class PrototypeHead(nn.Module):
 
     prior = None
 
-    def __init__(self, config: LangevinConfig) -> None:
+    def __init__(self, similarity: str, temperature: float) -> None:
         super().__init__()
-        self.config = config
+        self.similarity = similarity
+        self.temperature = temperature
 
     def prior_states(self) -> None:
         return None
 
     def prior_means(self, states: None, rows: torch.Tensor) -> None:
         return None
+
+    def sample_logits(
+        self,
+        support: torch.Tensor,
+        query: torch.Tensor,
+        h: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Logits of every query against the prototypes, as one "sample" (S = 1).
+
+        Shapes:
+            support: (B, N, K, D), query: (B, Q, D) -> (B, 1, Q, N)
+        """
+        if support.shape[2] == 0:
+            raise PipelineError("prototype baselines need K >= 1 support sentences per way")
+        v = support.mean(2)  # (B, N, D)
+        return similarity_logits(query, v, self.similarity, self.temperature)[:, None]
 
     def log_predictive(
         self,
@@ -48,21 +64,7 @@ class PrototypeHead(nn.Module):
         """Log-softmax over prototypes for every query.
 
         Shapes:
-            support: (B, N, K, D), query: (B, M, D) -> (B, M, N)
+            support: (B, N, K, D), query: (B, Q, D) -> (B, Q, N)
         """
-        if support.shape[2] == 0:
-            raise PipelineError("prototype baselines need K >= 1 support sentences per way")
-        v = support.mean(2)  # (B, N, D)
-        logits = similarity_logits(query, v, self.config.similarity, self.config.temperature)
-        return torch.log_softmax(logits, dim=-1)  # (B, M, N)
-
-
-def build_head(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> nn.Module:
-    """The head for ``config.method`` (graph needed only by ``regrab``)."""
-    if config.method in ("mtb", "proto"):
-        return PrototypeHead(config.langevin)
-    if config.method == "regrab_no_prior":
-        return RegrabHead(config.langevin, None, dim)
-    if graph is None:
-        raise PipelineError("method regrab needs the relation graph; pass --graph and --features")
-    return RegrabHead(config.langevin, GraphPrior(config.graph, graph, dim), dim)
+        logits = self.sample_logits(support, query)[:, 0]  # (B, Q, N)
+        return torch.log_softmax(logits, dim=-1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +23,7 @@ from torch import nn
 from torch_geometric.nn import GCNConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
+from pipeline.config import field
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -29,9 +31,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class GraphPriorConfig:
-    """GCN prior settings (``params.yaml`` section ``model``, keys ``gcn_*``).
+    """GCN prior settings (``params.yaml`` section ``model.prior``).
 
     Attributes:
+        kind: ``gcn`` (paper Eq. 6) or ``mlp``: the same network on a graph without edges, i.e.
+            a feed-forward network over each relation's own embedding (the paper's ablation).
         layers: GCN layers (paper: 1; "more layers, only very marginal improvement").
         hidden: width of hidden GCN layers (only used when layers > 1).
         normalize_features: scale node features to unit norm first (TransE norms vary).
@@ -39,14 +43,11 @@ class GraphPriorConfig:
             does not drown the support likelihood.
     """
 
-    layers: int = 1
-    hidden: int = 512
-    normalize_features: bool = True
-    scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.layers < 1:
-            raise PipelineError(f"model.gcn_layers={self.layers}; use 1 or more")
+    kind: Literal["gcn", "mlp"]
+    layers: int = field(ge=1)
+    hidden: int = field(ge=1)
+    normalize_features: bool
+    scale: float
 
 
 @dataclass
@@ -100,8 +101,11 @@ class GraphPrior(nn.Module):
         # Buffers, so a checkpoint carries its graph and loads without the graph files (the
         # raw features are not saved: only A_hat X below is ever used).
         self.register_buffer("features", feats.clone(), persistent=False)
-        self.register_buffer("edge_index", graph.edge_index.clone())
-        self.register_buffer("edge_weight", graph.edge_weight.clone().clamp(min=0.0))
+        edges, weights = graph.edge_index.clone(), graph.edge_weight.clone().clamp(min=0.0)
+        if config.kind == "mlp":  # no neighbours: A_hat = I, each relation on its own
+            edges, weights = edges[:, :0], weights[:0]
+        self.register_buffer("edge_index", edges)
+        self.register_buffer("edge_weight", weights)
         # The first GCN layer is A_hat (X W) = (A_hat X) W and X is fixed, so A_hat X is
         # computed once; with one layer a step then only needs the episode's N rows.
         self.register_buffer("propagated", self._propagate(feats))
@@ -126,18 +130,20 @@ class GraphPrior(nn.Module):
         out = conv.lin(x)
         return out + conv.bias if conv.bias is not None else out
 
-    def coverage(self, relations: list[str], what: str = "split") -> int:
-        """Count relations absent from the graph; raise when none is present."""
+    def coverage(self, relations: list[str], what: str = "split") -> list[str]:
+        """The relations absent from the graph (they get the learned fallback prior), logged.
+
+        A set whose relations are all absent (e.g. another domain's labels) still works: every
+        way then shares the fallback, and REGRAB's posterior rests on the support alone.
+        """
         missing = [r for r in relations if r not in self._index]
         if missing and len(missing) == len(relations):
-            raise PipelineError(
-                f"none of the {len(relations)} relations of the {what} is in the relation graph "
-                f"(e.g. {missing[0]}); rebuild data/graph and data/features with these relations"
-            )
-        if missing:
+            log.warning("none of the %d %s relations is in the relation graph (e.g. %s): all "
+                        "get the learned fallback prior", len(relations), what, missing[0])
+        elif missing:
             log.warning("%d of %d %s relations are not in the graph and get the learned "
                         "fallback prior: %s", len(missing), len(relations), what, missing)
-        return len(missing)
+        return missing
 
     def index(self, relations: list[str]) -> torch.Tensor:
         """Graph row of each relation, -1 for relations absent from the graph."""

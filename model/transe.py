@@ -32,13 +32,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-LOSSES = ("margin", "adversarial")
+from pipeline.config import field
 
 
 @dataclass(frozen=True)
@@ -62,34 +63,24 @@ class TransEConfig:
         seed: Seed of initialisation, shuffling and negative sampling.
     """
 
-    dim: int = 128
-    epochs: int = 20
-    batch_size: int = 4096
-    negatives: int = 64
-    chunk_size: int = 256
-    lr: float = 0.01
-    loss: str = "margin"
-    margin: float = 0.25
-    adversarial_temperature: float = 1.0
-    p_norm: int = 2
-    normalize_entities: bool = True
-    seed: int = 0
+    dim: int = field(ge=1)
+    epochs: int = field(ge=1)
+    batch_size: int = field(ge=1)
+    negatives: int = field(ge=1)
+    chunk_size: int = field(ge=1)
+    lr: float = field(gt=0)
+    loss: Literal["margin", "adversarial"]
+    margin: float = field(ge=0)
+    adversarial_temperature: float = field(gt=0)
+    p_norm: Literal[1, 2]
+    normalize_entities: bool
+    seed: int
 
     def __post_init__(self) -> None:
-        positive = ("dim", "epochs", "batch_size", "negatives", "chunk_size")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         if self.chunk_size > self.batch_size:
             raise ValueError(
                 f"chunk_size ({self.chunk_size}) must not exceed batch_size ({self.batch_size})"
             )
-        if self.p_norm not in (1, 2):
-            raise ValueError(f"p_norm must be 1 or 2, got {self.p_norm}")
 
 
 class TransE(nn.Module):

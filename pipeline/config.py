@@ -1,10 +1,31 @@
-"""Parameters, the data mirror setting and device choice, in one place."""
+"""Parameters, the data mirror setting and device choice, in one place.
+
+One config idiom for every ``params.yaml`` section: a frozen dataclass is the schema (names,
+types, limits), ``params.yaml`` the one source of values. :func:`parse_section` builds the
+dataclass from a section and rejects, with one line naming the key, the value and what is
+expected:
+
+* unknown keys and missing keys (dataclasses carry no defaults that could drift);
+* wrong types: a string where a number is expected, ``steps: 5.5`` for an integer, a bool
+  where a number is expected (``True`` is an ``int`` to Python, never to us);
+* values outside the limits declared with :func:`field` (``ge``/``gt``/``le``/``lt``) or
+  outside a ``Literal[...]`` type.
+
+PyYAML follows YAML 1.1 and reads ``2e-4`` (no dot) as a string; a float field accepts such
+a string when it parses as a number, so ``lr: 2e-4`` works as a user expects.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
@@ -13,19 +34,156 @@ from pipeline.errors import PipelineError
 #: Environment variable naming a local folder laid out like ``shared/data``.
 MIRROR_ENV = "REGRAB_DATA_MIRROR"
 
+T = TypeVar("T")
+
+
+def field(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
+          lt: float | None = None, doc: str = "") -> Any:
+    """A dataclass field with numeric limits checked by :func:`parse_section`.
+
+    No default on purpose: params.yaml holds every value.
+    """
+    limits = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
+    return dataclasses.field(metadata={"limits": limits, "doc": doc})
+
 
 def load_params(path: str | os.PathLike[str] = "params.yaml", section: str | None = None) -> Any:
-    """Load ``params.yaml`` (or one section of it)."""
+    """Load ``params.yaml`` (or one raw section of it); see :func:`load_section` for typed."""
     path = Path(path)
     if not path.exists():
         raise PipelineError(f"{path} not found; run from the project root or pass --params")
-    with path.open() as fh:
-        params = yaml.safe_load(fh) or {}
+    try:
+        with path.open() as fh:
+            params = yaml.safe_load(fh) or {}
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise PipelineError(f"{path} is not valid YAML{line}; fix its syntax") from exc
+    if not isinstance(params, dict):
+        raise PipelineError(f"{path} must be a mapping of sections; see the README")
     if section is None:
         return params
     if section not in params:
         raise PipelineError(f"{path} has no section '{section}'; add it (see the README)")
     return params[section]
+
+
+def load_section(cls: type[T], section: str, path: str | os.PathLike[str] = "params.yaml") -> T:
+    """Read ``section`` of a params file and validate it into ``cls``."""
+    return parse_section(cls, load_params(path, section), section)
+
+
+def parse_section(cls: type[T], raw: Any, where: str) -> T:
+    """Build the frozen dataclass ``cls`` from a mapping, validating every key.
+
+    Args:
+        cls: a dataclass whose fields (possibly nested dataclasses) are the schema.
+        raw: the section as read from YAML.
+        where: dotted name used in messages, e.g. ``train`` or ``model.langevin``.
+
+    Raises:
+        PipelineError: one line naming the key, the value and what is expected.
+    """
+    if not isinstance(raw, Mapping):
+        raise PipelineError(
+            f"params.yaml {where} = {raw!r}: expected a mapping of keys to values; fix params.yaml"
+        )
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise PipelineError(
+            f"params.yaml {where} has unknown key(s) {unknown}; allowed: {sorted(fields)}"
+        )
+    values: dict[str, Any] = {}
+    for name, f in fields.items():
+        key = f"{where}.{name}"
+        if name not in raw:
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                continue
+            raise PipelineError(f"params.yaml {key} is missing; add it (see params.yaml)")
+        value = _coerce(raw[name], hints[name], key)
+        _check_limits(value, f.metadata.get("limits", {}), key)
+        values[name] = value
+    try:
+        return cls(**values)
+    except PipelineError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise PipelineError(f"params.yaml {where}: {exc}; fix params.yaml") from exc
+
+
+def _bad(key: str, value: Any, expected: str) -> PipelineError:
+    return PipelineError(f"params.yaml {key} = {value!r}: expected {expected}; fix params.yaml")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` (and convert lists to tuples)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return parse_section(tp, value, key)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if origin is Literal:
+        if value not in args:
+            raise _bad(key, value, f"one of {list(args)}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _bad(key, value, "a list")
+        item = args[0] if args else Any
+        return tuple(_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise _bad(key, value, "a mapping")
+        return {str(k): _coerce(v, args[1], f"{key}.{k}") if args else v
+                for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _bad(key, value, "true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _bad(key, value, "an integer")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise _bad(key, value, "a number") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bad(key, value, "a number")
+        if not math.isfinite(value):
+            raise _bad(key, value, "a finite number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise _bad(key, value, "a string")
+        return value
+    if tp is Any:
+        return value
+    raise TypeError(f"parse_section cannot check annotation {tp!r} of {key}")
+
+
+def _check_limits(value: Any, limits: dict[str, float], key: str) -> None:
+    if not limits or value is None:
+        return
+    items = value if isinstance(value, tuple) else (value,)
+    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    tests = {
+        "ge": lambda x, b: x >= b, "gt": lambda x, b: x > b,
+        "le": lambda x, b: x <= b, "lt": lambda x, b: x < b,
+    }
+    for item in items:
+        for op, bound in limits.items():
+            if not tests[op](item, bound):
+                expected = " and ".join(f"{words[o]} {b}" for o, b in limits.items())
+                raise _bad(key, value, f"a number {expected}")
 
 
 def data_mirror() -> Path | None:
@@ -52,3 +210,32 @@ def select_device(requested: str = "auto") -> str:
             f"device '{requested}' requested but CUDA is not available; use 'auto' or 'cpu'"
         )
     return requested
+
+
+def set_threads(threads: int) -> None:
+    """Set torch's intra-op threads at an entry point (0 keeps torch's default)."""
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One entry of ``params.yaml``'s ``benchmarks``: where its splits are, how to name it.
+
+    ``dvc.yaml`` runs ``train`` and ``evaluate`` once per entry (``foreach``), so removing an
+    entry skips that benchmark.
+    """
+
+    splits: str
+    title: str
+
+
+def load_benchmarks(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Benchmark]:
+    """The ``benchmarks`` section, validated like every other section."""
+    raw = load_params(path, "benchmarks")
+    value = _coerce(raw, dict[str, Benchmark], "benchmarks")
+    if not value:
+        raise PipelineError("params.yaml benchmarks is empty; list nyt25 and/or fewrel")
+    return value

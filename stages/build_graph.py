@@ -16,11 +16,14 @@ Usage:
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 
+from pipeline.config import field, load_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import read_parquet, write_parquet
 from pipeline.schemas import GRAPH_SCHEMA, embeddings_schema
@@ -121,10 +124,23 @@ def build_graph(ids: np.ndarray, vectors: np.ndarray, k: int) -> pa.Table:
     )
 
 
+@dataclass(frozen=True)
+class BuildGraphParams:
+    """``params.yaml`` section ``build_graph``.
+
+    Attributes:
+        features: node features: ``transe`` (ours) or ``official`` (the paper's).
+        k: nearest neighbours per relation.
+    """
+
+    features: Literal["transe", "official"]
+    k: int = field(ge=1)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--embeddings", required=True, type=Path, help="relation embeddings")
-    parser.add_argument("--k", required=True, type=int, help="nearest neighbours per relation")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--out", required=True, type=Path, help="GRAPH_SCHEMA Parquet")
     return parser.parse_args(argv)
 
@@ -133,7 +149,8 @@ def main(argv: list[str] | None = None) -> pa.Table:
     """Build the relation graph and write it; returns the edge table."""
     args = parse_args(argv)
     ids, vectors = read_embeddings(args.embeddings)
-    graph = build_graph(ids, vectors, args.k)
+    cfg = load_section(BuildGraphParams, "build_graph", args.params)
+    graph = build_graph(ids, vectors, cfg.k)
     write_parquet(graph, args.out, GRAPH_SCHEMA)
     edges = graph.num_rows // 2
     print(

@@ -10,16 +10,18 @@ file, and only renamed into place when the checksum matches.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
-from pipeline.config import MIRROR_ENV, data_mirror, load_params
+from pipeline.config import MIRROR_ENV, data_mirror, field, load_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_path
 
@@ -105,16 +107,39 @@ def fetch_all(files: dict[str, dict[str, Any]], out: Path, retries: int = 3,
     return hashes
 
 
+@dataclass(frozen=True)
+class FileSpec:
+    """One file to fetch: its upstream address and checksum."""
+
+    url: str
+    sha256: str | None  # null accepts any content (see the checksum-mismatch message)
+
+
+@dataclass(frozen=True)
+class FetchParams:
+    """``params.yaml`` section ``fetch``.
+
+    Attributes:
+        retries: download attempts per file.
+        timeout_s: seconds before a stalled download is retried.
+        files: destination path (under ``--out``) -> :class:`FileSpec`.
+    """
+
+    retries: int = field(ge=1)
+    timeout_s: float = field(gt=0)
+    files: dict[str, FileSpec]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--out", default="data/raw", help="folder the files are written to")
     args = parser.parse_args(argv)
-    cfg = load_params(args.params, "fetch")
+    cfg = load_section(FetchParams, "fetch", args.params)
     mirror = data_mirror()
     out = Path(args.out)
-    hashes = fetch_all(cfg.get("files", {}), out, int(cfg.get("retries", 3)),
-                       float(cfg.get("timeout_s", 60)), mirror)
+    files = {name: dataclasses.asdict(spec) for name, spec in cfg.files.items()}
+    hashes = fetch_all(files, out, cfg.retries, cfg.timeout_s, mirror)
     origin = f"mirror {mirror}" if mirror else "upstream"
     print(f"fetched {len(hashes)} files from {origin} into {out}")
 

@@ -9,6 +9,7 @@ relations of every split.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import load_params
+from pipeline.config import field, load_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import read_parquet, write_parquet, write_yaml
 from pipeline.schemas import FEWSHOT_SCHEMA
@@ -73,19 +74,35 @@ def make_splits(table: pa.Table, out: Path, seeds: list[int], sizes: dict[str, i
     return summary
 
 
+@dataclass(frozen=True)
+class SplitParams:
+    """``params.yaml`` section ``split_nyt``.
+
+    Attributes:
+        seeds: one random split of the relations per seed.
+        train_relations: relations in each split's training part.
+        val_relations: relations in each split's validation part.
+        test_relations: relations in each split's test part.
+        min_instances: relations with fewer sentences are left out.
+    """
+
+    seeds: tuple[int, ...]
+    train_relations: int = field(ge=1)
+    val_relations: int = field(ge=1)
+    test_relations: int = field(ge=1)
+    min_instances: int = field(ge=1)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="data/fewshot/val_nyt.parquet")
     parser.add_argument("--out", default="data/splits")
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)
-    cfg = load_params(args.params, "split_nyt")
-    sizes = {part: int(cfg[f"{part}_relations"]) for part in PARTS}
-    if any(n < 1 for n in sizes.values()):
-        raise PipelineError(f"split_nyt relation counts must be >= 1, got {sizes}")
+    cfg = load_section(SplitParams, "split_nyt", args.params)
+    sizes = {part: getattr(cfg, f"{part}_relations") for part in PARTS}
     table = read_parquet(args.data, FEWSHOT_SCHEMA)
-    summary = make_splits(table, Path(args.out), [int(s) for s in cfg["seeds"]], sizes,
-                          int(cfg.get("min_instances", 1)))
+    summary = make_splits(table, Path(args.out), list(cfg.seeds), sizes, cfg.min_instances)
     print(f"wrote {len(summary['splits'])} splits of {sizes} relations to {args.out}")
 
 

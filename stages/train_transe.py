@@ -28,7 +28,7 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import hashlib  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -37,6 +37,8 @@ import pyarrow.compute as pc  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from model import transe as transe_code  # noqa: E402
+from model.checkpoint import load_transe, save_transe  # noqa: E402
 from model.transe import (  # noqa: E402
     TransE,
     TransEConfig,
@@ -45,17 +47,12 @@ from model.transe import (  # noqa: E402
     rank_metrics,
     train_epoch,
 )
-from pipeline.config import load_params, select_device  # noqa: E402
+from pipeline.config import field, load_section, select_device, set_threads  # noqa: E402
 from pipeline.errors import PipelineError, run_cli  # noqa: E402
-from pipeline.io import atomic_path, read_parquet, write_json, write_parquet  # noqa: E402
+from pipeline.io import read_parquet, write_json, write_parquet  # noqa: E402
 from pipeline.schemas import TRIPLES_SCHEMA, embeddings_schema  # noqa: E402
 
-#: Bumped when the checkpoint layout changes, so old files are not misread.
-CHECKPOINT_FORMAT = 1
 CHECKPOINT_NAME = "transe.pt"
-#: TransE fields that may change between a checkpoint and its resumption: more
-#: epochs simply continue the same trajectory.
-RESUMABLE_FIELDS = ("epochs",)
 
 
 @dataclass(frozen=True)
@@ -71,39 +68,12 @@ class TrainTransEParams:
         eval_batch_size: Held-out queries ranked against all entities at once.
     """
 
-    model: TransEConfig = field(default_factory=TransEConfig)
-    device: str = "auto"
-    threads: int = 0
-    checkpoint_every: int = 5
-    heldout_fraction: float = 0.005
-    eval_batch_size: int = 256
-
-    @classmethod
-    def from_dict(cls, section: dict) -> TrainTransEParams:
-        """Build from the YAML section, naming any unknown or invalid key."""
-        if not isinstance(section, dict):
-            raise PipelineError("params section train_transe must be a mapping of keys to values")
-        model_keys = {f.name for f in dataclasses.fields(TransEConfig)}
-        stage_keys = {f.name for f in dataclasses.fields(cls)} - {"model"}
-        unknown = sorted(set(section) - model_keys - stage_keys)
-        if unknown:
-            raise PipelineError(
-                f"unknown train_transe params {unknown}; allowed: {sorted(model_keys | stage_keys)}"
-            )
-        try:
-            model = TransEConfig(**{k: v for k, v in section.items() if k in model_keys})
-        except (TypeError, ValueError) as exc:
-            raise PipelineError(f"bad train_transe params: {exc}; fix params.yaml") from exc
-        params = cls(model=model, **{k: v for k, v in section.items() if k in stage_keys})
-        if params.checkpoint_every < 1:
-            raise PipelineError("train_transe.checkpoint_every must be >= 1; fix params.yaml")
-        if not 0.0 <= params.heldout_fraction < 0.5:
-            raise PipelineError(
-                "train_transe.heldout_fraction must be in [0, 0.5); fix params.yaml"
-            )
-        if params.threads < 0 or params.eval_batch_size < 1:
-            raise PipelineError("train_transe.threads must be >= 0 and eval_batch_size >= 1")
-        return params
+    model: TransEConfig
+    device: str
+    threads: int = field(ge=0)
+    checkpoint_every: int = field(ge=1)
+    heldout_fraction: float = field(ge=0.0, lt=0.5)
+    eval_batch_size: int = field(ge=1)
 
 
 @dataclass(frozen=True)
@@ -188,86 +158,26 @@ def split_heldout(triples: np.ndarray, fraction: float, seed: int) -> tuple[np.n
     return triples[~mask], triples[np.sort(np.asarray(held, dtype=np.int64))]
 
 
-def fingerprint(data: EncodedTriples, train: np.ndarray) -> str:
-    """Hash of the names and training triples a checkpoint belongs to."""
+def fingerprint(data: EncodedTriples, train: np.ndarray, device: str = "cpu") -> str:
+    """Hash of what a checkpoint's numbers depend on: names, training triples and code.
+
+    The code part (``model/transe.py``, the torch version, the device type and, on CPU,
+    the vector instruction set torch dispatches to) keeps a persisted checkpoint written
+    by other code or on another machine type from being resumed: its trajectory would
+    differ from a fresh run's, so the output would not be what this code computes.
+    """
     digest = hashlib.sha256()
     digest.update("\n".join(data.entities.tolist()).encode())
     digest.update(b"\0")
     digest.update("\n".join(data.relations.tolist()).encode())
     digest.update(b"\0")
     digest.update(np.ascontiguousarray(train).tobytes())
+    digest.update(b"\0")
+    digest.update(Path(transe_code.__file__).read_bytes())
+    kind = torch.device(device).type
+    isa = torch.backends.cpu.get_cpu_capability() if kind == "cpu" else ""
+    digest.update(f"\0torch {torch.__version__} {kind} {isa}".encode())
     return digest.hexdigest()
-
-
-def _comparable(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k not in RESUMABLE_FIELDS}
-
-
-def save_checkpoint(
-    path: Path,
-    model: TransE,
-    optimizer,
-    generator: torch.Generator,
-    epoch: int,
-    losses: list[float],
-    data_hash: str,
-    params: TrainTransEParams,
-    relations: np.ndarray,
-) -> None:
-    """Write everything needed to continue training, atomically.
-
-    The stage params and relation names go in too, so the relation vectors can be
-    read back from the checkpoint alone.
-    """
-    state = {
-        "format": CHECKPOINT_FORMAT,
-        "config": dataclasses.asdict(model.config),
-        "params": dataclasses.asdict(params),
-        "relations": relations.tolist(),
-        "fingerprint": data_hash,
-        "epoch": epoch,
-        "losses": list(losses),
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "optimizer": _to_cpu(optimizer.state_dict()),
-        "generator": generator.get_state(),
-    }
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj
-
-
-def load_checkpoint(path: Path, config: TransEConfig, data_hash: str) -> dict | None:
-    """The checkpoint at ``path`` if it continues this run, else None (with a notice)."""
-    if not path.exists():
-        return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file means "start over"
-        print(f"checkpoint {path} is unreadable ({type(exc).__name__}); starting over")
-        return None
-    if state.get("format") != CHECKPOINT_FORMAT:
-        print(f"checkpoint {path} has another format; starting over")
-        return None
-    if _comparable(state["config"]) != _comparable(dataclasses.asdict(config)):
-        print(f"checkpoint {path} was trained with other params; starting over")
-        return None
-    if state["fingerprint"] != data_hash:
-        print(f"checkpoint {path} was trained on other triples; starting over")
-        return None
-    if state["epoch"] > config.epochs:
-        print(
-            f"checkpoint {path} is at epoch {state['epoch']} > epochs={config.epochs}; "
-            "starting over"
-        )
-        return None
-    return state
 
 
 def relation_table(model: TransE, relations: np.ndarray) -> pa.Table:
@@ -311,11 +221,10 @@ def main(argv: list[str] | None = None) -> dict:
         The report (also written as JSON).
     """
     args = parse_args(argv)
-    params = TrainTransEParams.from_dict(load_params(args.params, "train_transe"))
+    params = load_section(TrainTransEParams, "train_transe", args.params)
     cfg = params.model
     device = select_device(params.device)
-    if params.threads:
-        torch.set_num_threads(params.threads)
+    set_threads(params.threads)
 
     data = encode_triples(read_parquet(args.triples, TRIPLES_SCHEMA))
     train_np, held_np = split_heldout(data.triples, params.heldout_fraction, cfg.seed)
@@ -324,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"{data.duplicates} duplicates), {len(data.entities)} entities, "
         f"{len(data.relations)} relations; training on {len(train_np)}, held out {len(held_np)}"
     )
-    data_hash = fingerprint(data, train_np)
+    data_hash = fingerprint(data, train_np, device)
     train = torch.from_numpy(train_np)
 
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -337,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
         # cannot clean up after SIGKILL); the previous checkpoint is intact.
         for stale in args.checkpoint_dir.glob(f".{CHECKPOINT_NAME}.*.tmp"):
             stale.unlink()
-    state = load_checkpoint(ckpt_path, cfg, data_hash) if ckpt_path else None
+    state = load_transe(ckpt_path, cfg, data_hash) if ckpt_path else None
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -363,17 +272,8 @@ def main(argv: list[str] | None = None) -> dict:
         losses.append(train_epoch(model, optimizer, train, generator, on_batch))
         done = epoch + 1
         if ckpt_path and (done % params.checkpoint_every == 0 or done == cfg.epochs):
-            save_checkpoint(
-                ckpt_path,
-                model,
-                optimizer,
-                generator,
-                done,
-                losses,
-                data_hash,
-                params,
-                data.relations,
-            )
+            save_transe(ckpt_path, model, optimizer, generator, done, losses, data_hash,
+                        dataclasses.asdict(params), data.relations.tolist())
     bar.close()
     train_seconds = time.perf_counter() - started
     trained = (cfg.epochs - start_epoch) * len(train)

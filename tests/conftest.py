@@ -30,3 +30,39 @@ def fewrel_record(tokens: list[str], head: list[int], tail: list[int],
         "h": [name(head), head_id, [head]],
         "t": [name(tail), tail_id, [tail]],
     }
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def merged(base: dict, overrides: dict) -> dict:
+    """``base`` with ``overrides`` merged in, recursively for nested mappings."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def project_params(**sections: dict) -> dict:
+    """The project's params.yaml with some sections' keys overridden (values are merged)."""
+    import yaml
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    return merged(params, sections)
+
+
+def section_config(cls, name: str, **overrides):
+    """Section ``name`` of params.yaml, with ``overrides``, validated into ``cls``."""
+    from pipeline.config import parse_section
+
+    return parse_section(cls, merged(project_params()[name], overrides), name)
+
+
+def model_config(method: str = "regrab", **overrides):
+    """A :class:`model.checkpoint.RegrabConfig` from params.yaml's model section."""
+    from model.checkpoint import config_for_method
+
+    return config_for_method(merged(project_params()["model"], overrides), method)

@@ -10,7 +10,6 @@ from model.episodes import (
     gather_episodes,
     mean_ci95,
 )
-from model.langevin import LangevinConfig
 from pipeline.errors import PipelineError
 
 
@@ -50,14 +49,15 @@ def test_bad_episode_requests():
     assert Setting.parse("10w0s") == Setting(10, 0)
 
 
-def test_gather_and_accuracy_on_separable_encodings():
+@pytest.mark.parametrize("similarity", ["dot", "euclidean"])
+def test_gather_and_accuracy_on_separable_encodings(similarity):
     s = _sampler(per=6, rels=4)
     enc = torch.eye(4).repeat_interleave(6, 0) * 5 + 0.01 * torch.randn(24, 4)
     ep = s.sample(np.random.default_rng(0), 3, 1, 2, 20)
     support, query, labels = gather_episodes(enc, ep)
     assert support.shape == (20, 3, 1, 4) and query.shape == (20, 6, 4)
     assert labels.shape == (20, 6)
-    head = PrototypeHead(LangevinConfig()).eval()
+    head = PrototypeHead(similarity, temperature=10.0).eval()
     acc = episode_accuracy(head, enc, ep, torch.full((4,), -1), batch_size=7)
     assert acc.shape == (20,) and acc.min() == 1.0
     shuffled = enc[torch.randperm(24, generator=torch.Generator().manual_seed(0))]

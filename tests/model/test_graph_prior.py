@@ -5,8 +5,13 @@ import pytest
 import torch
 
 from model.graph_prior import GraphPrior, GraphPriorConfig, RelationGraph
-from pipeline.errors import PipelineError
 from pipeline.schemas import GRAPH_SCHEMA
+
+
+def _config(layers=1, hidden=5, kind="gcn"):
+    """A full GraphPriorConfig (the dataclass has no defaults)."""
+    return GraphPriorConfig(kind=kind, layers=layers, hidden=hidden, normalize_features=True,
+                            scale=1.0)
 
 
 def _graph(dim=6):
@@ -29,7 +34,7 @@ def test_from_tables_drops_edges_to_unknown_nodes():
 @pytest.mark.parametrize("layers", [1, 2])
 def test_prior_shapes_and_fallback(layers):
     g, _ = _graph()
-    prior = GraphPrior(GraphPriorConfig(layers=layers, hidden=5), g, out_dim=10)
+    prior = GraphPrior(_config(layers=layers, hidden=5), g, out_dim=10)
     rows = prior.index(["P2", "P77", "P1"])
     assert rows.tolist() == [1, -1, 0]
     h = prior(rows[None])
@@ -40,20 +45,24 @@ def test_prior_shapes_and_fallback(layers):
     assert prior.convs[0].lin.weight.grad is not None and prior.fallback.grad is not None
 
 
-def test_coverage_warns_and_raises(caplog):
+def test_coverage_warns_and_falls_back(caplog):
     g, _ = _graph()
-    prior = GraphPrior(GraphPriorConfig(), g, out_dim=4)
+    prior = GraphPrior(_config(), g, out_dim=4)
     with caplog.at_level(logging.WARNING):
-        assert prior.coverage(["P1", "P99"]) == 1
+        assert prior.coverage(["P1", "P99"]) == ["P99"]
     assert "P99" in caplog.text
-    with pytest.raises(PipelineError, match="none of the 2 relations"):
-        prior.coverage(["P98", "P99"])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # another domain: every way gets the fallback
+        assert prior.coverage(["P98", "P99"]) == ["P98", "P99"]
+    assert "none of the 2" in caplog.text
+    h = prior(prior.index(["P98", "P99"]))
+    assert torch.equal(h, prior.fallback.expand(2, -1))
 
 
 @pytest.mark.parametrize("layers", [1, 2])
 def test_precomputed_propagation_equals_gcnconv(layers):
     g, _ = _graph()
-    prior = GraphPrior(GraphPriorConfig(layers=layers, hidden=5), g, out_dim=7)
+    prior = GraphPrior(_config(layers=layers, hidden=5), g, out_dim=7)
     x = prior.features
     for i, conv in enumerate(prior.convs):
         x = conv(x, prior.edge_index, prior.edge_weight)
@@ -62,3 +71,16 @@ def test_precomputed_propagation_equals_gcnconv(layers):
     assert torch.allclose(prior.node_states(), x * prior.scale, atol=1e-5)
     rows = torch.tensor([[3, 0], [1, 1]])
     assert torch.allclose(prior(rows), (x * prior.scale)[rows], atol=1e-5)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_mlp_prior_is_a_feed_forward_network_over_each_embedding(layers):
+    g, feats = _graph()
+    prior = GraphPrior(_config(layers=layers, kind="mlp"), g, out_dim=3)
+    x = feats / feats.norm(dim=1, keepdim=True)
+    for i, conv in enumerate(prior.convs):
+        x = conv.lin(x) + conv.bias
+        if i < layers - 1:
+            x = torch.relu(x)
+    assert torch.allclose(prior.node_states(), x, atol=1e-6)
+    assert torch.allclose(prior(torch.tensor([0, 2])), x[[0, 2]], atol=1e-6)

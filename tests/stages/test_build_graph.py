@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+import yaml
 
 from pipeline.errors import PipelineError
 from pipeline.io import read_parquet, write_parquet
 from pipeline.schemas import GRAPH_SCHEMA, embeddings_schema
 from stages import build_graph
 from stages.import_embeddings import embeddings_table
+from tests.conftest import merged, project_params
 
 
 def brute_force(vectors: np.ndarray, k: int) -> dict[tuple[int, int], float]:
@@ -31,6 +33,23 @@ def write_embeddings(path, ids, vectors):
     write_parquet(embeddings_table(ids, vectors), path, embeddings_schema(vectors.shape[1]))
 
 
+def run(tmp_path, embeddings: str, k, out: str):
+    """The stage's main with a params file whose complete build_graph section has ``k``."""
+    params = tmp_path / f"params-{out}.yaml"
+    section = merged(project_params()["build_graph"], {"k": k})
+    params.write_text(yaml.safe_dump({"build_graph": section, "other": {"x": 1}}))
+    return build_graph.main(
+        [
+            "--embeddings",
+            str(tmp_path / embeddings),
+            "--params",
+            str(params),
+            "--out",
+            str(tmp_path / out),
+        ]
+    )
+
+
 @pytest.mark.parametrize(("n", "dim", "k"), [(40, 8, 3), (60, 16, 10), (12, 4, 11)])
 def test_matches_brute_force(tmp_path, n, dim, k):
     rng = np.random.default_rng(n)
@@ -38,16 +57,7 @@ def test_matches_brute_force(tmp_path, n, dim, k):
     ids = [f"P{i}" for i in range(n)]
     write_embeddings(tmp_path / "emb.parquet", ids, vectors)
 
-    build_graph.main(
-        [
-            "--embeddings",
-            str(tmp_path / "emb.parquet"),
-            "--k",
-            str(k),
-            "--out",
-            str(tmp_path / "g.parquet"),
-        ]
-    )
+    run(tmp_path, "emb.parquet", k, "g.parquet")
     graph = read_parquet(tmp_path / "g.parquet", GRAPH_SCHEMA)
     assert graph.schema.equals(GRAPH_SCHEMA)
 
@@ -82,26 +92,8 @@ def test_output_sorted_and_independent_of_row_order(tmp_path):
     perm = rng.permutation(30)
     write_embeddings(tmp_path / "a.parquet", ids, vectors)
     write_embeddings(tmp_path / "b.parquet", [ids[i] for i in perm], vectors[perm])
-    a = build_graph.main(
-        [
-            "--embeddings",
-            str(tmp_path / "a.parquet"),
-            "--k",
-            "4",
-            "--out",
-            str(tmp_path / "ga.parquet"),
-        ]
-    )
-    b = build_graph.main(
-        [
-            "--embeddings",
-            str(tmp_path / "b.parquet"),
-            "--k",
-            "4",
-            "--out",
-            str(tmp_path / "gb.parquet"),
-        ]
-    )
+    a = run(tmp_path, "a.parquet", 4, "ga.parquet")
+    b = run(tmp_path, "b.parquet", 4, "gb.parquet")
     assert a.equals(b)
     keys = list(zip(a["src"].to_pylist(), a["dst"].to_pylist(), strict=True))
     assert keys == sorted(keys)
@@ -128,7 +120,9 @@ def test_ties_break_to_lower_index():
     ("vectors", "k", "message"),
     [
         (np.eye(3, dtype=np.float32), 3, "k must be below"),
-        (np.eye(3, dtype=np.float32), 0, "k >= 1"),
+        (np.eye(3, dtype=np.float32), 0, r"build_graph.k = 0: expected a number >= 1"),
+        (np.eye(3, dtype=np.float32), "3", r"build_graph.k = '3': expected an integer"),
+        (np.eye(3, dtype=np.float32), 1.5, r"build_graph.k = 1.5: expected an integer"),
         (np.array([[1, 0], [0, 0], [0, 1]], dtype=np.float32), 1, "zero vectors"),
         (np.array([[1, 0], [np.nan, 1], [0, 1]], dtype=np.float32), 1, "NaN"),
         (np.array([[1, 0], [np.inf, 1], [0, 1]], dtype=np.float32), 1, "NaN or infinity"),
@@ -136,17 +130,29 @@ def test_ties_break_to_lower_index():
 )
 def test_bad_input(tmp_path, vectors, k, message):
     write_embeddings(tmp_path / "e.parquet", ["P1", "P2", "P3"], vectors)
-    with pytest.raises(PipelineError, match=message):
-        build_graph.main(
-            [
-                "--embeddings",
-                str(tmp_path / "e.parquet"),
-                "--k",
-                str(k),
-                "--out",
-                str(tmp_path / "g.parquet"),
-            ]
-        )
+    with pytest.raises(PipelineError, match=message) as info:
+        run(tmp_path, "e.parquet", k, "g.parquet")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "g.parquet").exists()
+
+
+def test_build_graph_rejects_k_below_one():
+    """The function guards k itself too, for callers that bypass params.yaml."""
+    with pytest.raises(PipelineError, match="k >= 1"):
+        ids = np.array(["P1", "P2"], dtype=object)
+        build_graph.build_graph(ids, np.eye(2, dtype=np.float32), 0)
+
+
+def test_params_need_complete_section(tmp_path):
+    write_embeddings(tmp_path / "e.parquet", ["P1", "P2", "P3"], np.eye(3, dtype=np.float32))
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"build_graph": {"k": 1}}))
+    argv = ["--embeddings", str(tmp_path / "e.parquet"), "--params", str(tmp_path / "p.yaml"),
+            "--out", str(tmp_path / "g.parquet")]
+    with pytest.raises(PipelineError, match="build_graph.features is missing"):
+        build_graph.main(argv)
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"other": {}}))
+    with pytest.raises(PipelineError, match="no section 'build_graph'"):
+        build_graph.main(argv)
     assert not (tmp_path / "g.parquet").exists()
 
 

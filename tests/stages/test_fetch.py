@@ -86,3 +86,47 @@ def test_params_declare_every_mirror_file_with_checksum(mirror: Path) -> None:
         path = mirror / name
         assert path.is_file(), name
         assert hashlib.sha256(path.read_bytes()).hexdigest() == spec["sha256"], name
+
+
+def _params(tmp_path: Path, files: dict, **overrides) -> Path:
+    """A params file with a complete fetch section (params.yaml's, with ``files`` replaced)."""
+    from tests.conftest import project_params
+
+    section = {**project_params()["fetch"], "files": files, **overrides}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"fetch": section, "other": {"x": 1}}))
+    return path
+
+
+def test_main_reads_validated_params(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mirror, files = _mirror(tmp_path)
+    (mirror / "fewrel" / "b.json").write_bytes(b"{}")
+    # A null sha256 is how the checksum-mismatch message tells users to accept a file.
+    files["fewrel/b.json"] = {"url": "https://example.invalid/b.json", "sha256": None}
+    monkeypatch.setenv("REGRAB_DATA_MIRROR", str(mirror))
+    fetch.main(["--params", str(_params(tmp_path, files)), "--out", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "fewrel" / "a.json").read_bytes() == b'{"P1": []}'
+    assert (tmp_path / "out" / "fewrel" / "b.json").read_bytes() == b"{}"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"retries": 0}, r"fetch.retries = 0: expected a number >= 1"),
+        ({"retries": "3"}, r"fetch.retries = '3': expected an integer"),
+        ({"timeout_s": "abc"}, r"fetch.timeout_s = 'abc': expected a number"),
+        ({"mirror": "x"}, r"fetch has unknown key\(s\) \['mirror'\]"),
+    ],
+)
+def test_main_rejects_bad_params(tmp_path: Path, overrides: dict, message: str) -> None:
+    _, files = _mirror(tmp_path)
+    params = _params(tmp_path, files, **overrides)
+    with pytest.raises(PipelineError, match=message):
+        fetch.main(["--params", str(params), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_main_rejects_file_without_url(tmp_path: Path) -> None:
+    params = _params(tmp_path, {"fewrel/a.json": {"sha256": None}})
+    with pytest.raises(PipelineError, match=r"fetch.files.fewrel/a.json.url is missing"):
+        fetch.main(["--params", str(params), "--out", str(tmp_path / "out")])

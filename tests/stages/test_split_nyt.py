@@ -81,3 +81,45 @@ def test_skipping_that_leaves_too_few_relations_is_an_error(tmp_path: Path) -> N
 def test_duplicate_seeds_rejected(tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match="duplicates"):
         split_nyt.make_splits(_table(), tmp_path, [1, 1], SIZES, min_instances=1)
+
+
+def _params(tmp_path: Path, **overrides) -> Path:
+    """A params file with a complete split_nyt section (params.yaml's, with ``overrides``)."""
+    from tests.conftest import project_params
+
+    section = {**project_params()["split_nyt"], **overrides}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"split_nyt": section, "other": {"x": 1}}))
+    return path
+
+
+def _main(tmp_path: Path, params: Path) -> None:
+    pq.write_table(_table(), tmp_path / "nyt.parquet")
+    split_nyt.main(["--data", str(tmp_path / "nyt.parquet"), "--out", str(tmp_path / "splits"),
+                    "--params", str(params)])
+
+
+def test_main_reads_validated_params(tmp_path: Path) -> None:
+    params = _params(tmp_path, seeds=[4, 5], train_relations=4, val_relations=2,
+                     test_relations=3, min_instances=20)
+    _main(tmp_path, params)
+    summary = yaml.safe_load((tmp_path / "splits" / "splits.yaml").read_text())
+    assert [s["seed"] for s in summary["splits"].values()] == [4, 5]
+    assert [len(summary["splits"]["split_0"][p]) for p in split_nyt.PARTS] == [4, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"train_relations": 0}, r"split_nyt.train_relations = 0: expected a number >= 1"),
+        ({"min_instances": -1}, r"split_nyt.min_instances = -1: expected a number >= 1"),
+        ({"seeds": [1, "two"]}, r"split_nyt.seeds\[1\] = 'two': expected an integer"),
+        ({"seeds": 3}, r"split_nyt.seeds = 3: expected a list"),
+        ({"val_relations": True}, r"split_nyt.val_relations = True: expected an integer"),
+        ({"tset_relations": 3}, r"split_nyt has unknown key\(s\) \['tset_relations'\]"),
+    ],
+)
+def test_main_rejects_bad_params(tmp_path: Path, overrides: dict, message: str) -> None:
+    with pytest.raises(PipelineError, match=message):
+        _main(tmp_path, _params(tmp_path, **overrides))
+    assert not (tmp_path / "splits").exists()

@@ -6,6 +6,7 @@ import yaml
 from pipeline.errors import PipelineError
 from pipeline.io import file_digest
 from stages import train
+from tests.conftest import project_params
 from tests.model.tiny_regrab import tiny_encoder, toy_graph, toy_splits
 
 
@@ -19,8 +20,9 @@ def inputs(tmp_path_factory):
 
 
 def _params(root, enc, **train_kw):
-    params = {
-        "model": {"encoder": str(enc), "train_layers": 1, "samples": 2, "langevin_steps": 2},
+    params = project_params(**{
+        "model": {"encoder": {"name": str(enc), "train_layers": 1},
+                  "langevin": {"samples": 2, "steps": 2}},
         "train": {
             "methods": ["regrab"],
             "steps": 4,
@@ -35,7 +37,7 @@ def _params(root, enc, **train_kw):
             "device": "cpu",
             **train_kw,
         },
-    }
+    })
     path = root / f"params_{len(list(root.glob('params_*')))}.yaml"
     path.write_text(yaml.safe_dump(params))
     return path
@@ -131,21 +133,22 @@ def test_bad_inputs(inputs, tmp_path):
     root, enc, splits, graph, features = inputs
     g2, f2 = toy_graph(root / "other", relations=["P90", "P91", "P92"])
     p = _params(root, enc)
-    with pytest.raises(PipelineError, match="none of the 3 relations"):
-        train.main(
-            [
-                "--splits",
-                str(splits),
-                "--graph",
-                str(g2),
-                "--features",
-                str(f2),
-                "--out",
-                str(tmp_path / "g"),
-                "--params",
-                str(p),
-            ]
-        )
+    # A graph that shares no relation with the split: REGRAB trains on the fallback prior.
+    train.main(
+        [
+            "--splits",
+            str(splits),
+            "--graph",
+            str(g2),
+            "--features",
+            str(f2),
+            "--out",
+            str(tmp_path / "g"),
+            "--params",
+            str(p),
+        ]
+    )
+    assert (tmp_path / "g/split_0/regrab/model.pt").exists()
 
 
 def test_finished_model_is_retrained_when_the_graph_changes(inputs, tmp_path, caplog):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -19,25 +22,42 @@ from model.transe import (
     rank_metrics,
     train_epoch,
 )
+from pipeline.config import load_section, parse_section
 from pipeline.errors import PipelineError
 from pipeline.io import read_parquet, write_parquet
 from pipeline.schemas import TRIPLES_SCHEMA, embeddings_schema
 from stages import train_transe
+from tests.conftest import merged, project_params
 
-#: Small enough for ~0.1 s an epoch on a busy core.
-TINY = {
+#: TransE small enough for ~0.1 s an epoch on a busy core (every key spelled out, so a
+#: change of params.yaml does not change what these tests train).
+TINY_MODEL = {
     "dim": 16,
     "epochs": 4,
     "batch_size": 64,
     "chunk_size": 16,
     "negatives": 16,
     "lr": 0.05,
+    "loss": "margin",
     "margin": 0.5,
+    "adversarial_temperature": 1.0,
+    "p_norm": 2,
+    "normalize_entities": True,
+    "seed": 0,
+}
+#: The stage keys of the tiny runs; the rest of the section comes from params.yaml.
+TINY_STAGE = {
     "threads": 1,
     "heldout_fraction": 0.1,
     # Bit-identical reruns are promised on CPU only (CUDA's scatter-add uses atomics).
     "device": "cpu",
 }
+TINY_CONFIG = TransEConfig(**TINY_MODEL)
+
+
+def tiny_config(**overrides) -> TransEConfig:
+    """:data:`TINY_CONFIG` with some fields replaced (``__post_init__`` checks run again)."""
+    return dataclasses.replace(TINY_CONFIG, **overrides)
 
 
 def geo_triples(
@@ -71,8 +91,14 @@ def write_triples(path, triples, source="test"):
     write_parquet(table, path, TRIPLES_SCHEMA)
 
 
-def write_params(path, **overrides):
-    path.write_text(yaml.safe_dump({"train_transe": {**TINY, **overrides}, "other": {"x": 1}}))
+def write_params(path, model=None, **stage):
+    """A params file whose ``train_transe`` section is complete: params.yaml's section with
+    the tiny settings, then ``model`` (TransE keys) and ``stage`` (stage keys) merged in."""
+    section = merged(
+        project_params()["train_transe"],
+        {"model": {**TINY_MODEL, **(model or {})}, **TINY_STAGE, **stage},
+    )
+    path.write_text(yaml.safe_dump({"train_transe": section, "other": {"x": 1}}))
 
 
 def run(tmp_path, name="emb", ckpt=True, triples="triples.parquet", params="params.yaml"):
@@ -89,7 +115,7 @@ def run(tmp_path, name="emb", ckpt=True, triples="triples.parquet", params="para
     return train_transe.main(argv)
 
 
-def embeddings(tmp_path, name="emb", dim=TINY["dim"]):
+def embeddings(tmp_path, name="emb", dim=TINY_MODEL["dim"]):
     table = read_parquet(tmp_path / f"{name}.parquet", embeddings_schema(dim))
     return table["relation"].to_pylist(), np.array(table["embedding"].to_pylist(), np.float32)
 
@@ -104,10 +130,10 @@ def tiny(tmp_path):
 def test_output_schema_and_report(tiny):
     report = run(tiny, ckpt=False)
     table = read_parquet(tiny / "emb.parquet")
-    assert table.schema.equals(embeddings_schema(TINY["dim"]))
+    assert table.schema.equals(embeddings_schema(TINY_MODEL["dim"]))
     relations, vectors = embeddings(tiny)
     assert relations == ["P1376", "P150", "P17", "P30", "P36"]  # sorted ids
-    assert vectors.shape == (5, TINY["dim"]) and np.isfinite(vectors).all()
+    assert vectors.shape == (5, TINY_MODEL["dim"]) and np.isfinite(vectors).all()
     assert (tiny / "emb.metrics.json").exists()
     assert report["relations"] == 5 and report["entities"] == 124
     assert report["train_triples"] + report["heldout_triples"] == report["triples"]
@@ -119,9 +145,7 @@ def test_learns_tiny_graph():
     data = train_transe.encode_triples(_table(geo_triples()))
     train_np, held_np = train_transe.split_heldout(data.triples, 0.1, seed=0)
     train, held, known = map(torch.from_numpy, (train_np, held_np, data.triples))
-    cfg = TransEConfig(
-        dim=16, epochs=30, batch_size=64, chunk_size=16, negatives=16, lr=0.05, margin=0.5, seed=0
-    )
+    cfg = tiny_config(epochs=30)
     gen = torch.Generator().manual_seed(0)
     model = TransE(len(data.entities), len(data.relations), cfg, gen)
     before = rank_metrics(filtered_ranks(model, held, known))["mrr"]
@@ -149,7 +173,7 @@ def _table(triples):
 def test_seeded_runs_identical(tiny):
     run(tiny, "a", ckpt=False)
     run(tiny, "b", ckpt=False)
-    write_params(tiny / "other.yaml", seed=1)
+    write_params(tiny / "other.yaml", model={"seed": 1})
     run(tiny, "c", ckpt=False, params="other.yaml")
     _, a = embeddings(tiny, "a")
     _, b = embeddings(tiny, "b")
@@ -159,7 +183,7 @@ def test_seeded_runs_identical(tiny):
 
 
 def test_resume_after_interruption_matches_uninterrupted(tiny, monkeypatch):
-    write_params(tiny / "params.yaml", epochs=6, checkpoint_every=2)
+    write_params(tiny / "params.yaml", model={"epochs": 6}, checkpoint_every=2)
     run(tiny, "full")
 
     calls = itertools.count()
@@ -177,9 +201,9 @@ def test_resume_after_interruption_matches_uninterrupted(tiny, monkeypatch):
     ckpt = torch.load(tiny / "ckpt_cut" / "transe.pt", weights_only=True)
     assert ckpt["epoch"] == 4  # the last checkpoint before the kill
     # Self-contained: config, stage params and relation names travel with the tables.
-    assert ckpt["config"]["dim"] == TINY["dim"] and ckpt["params"]["checkpoint_every"] == 2
+    assert ckpt["config"]["dim"] == TINY_MODEL["dim"] and ckpt["params"]["checkpoint_every"] == 2
     assert ckpt["relations"] == ["P1376", "P150", "P17", "P30", "P36"]
-    assert ckpt["model"]["relations"].shape == (5, TINY["dim"])
+    assert ckpt["model"]["relations"].shape == (5, TINY_MODEL["dim"])
     assert not list((tiny / "ckpt_cut").glob(".*.tmp"))  # no half-written file left
 
     # A SIGKILL during a checkpoint write leaves a temporary file; the rerun removes it.
@@ -194,21 +218,22 @@ def test_resume_after_interruption_matches_uninterrupted(tiny, monkeypatch):
 
 
 def test_more_epochs_continue_checkpoint(tiny):
-    write_params(tiny / "params.yaml", epochs=6)
+    write_params(tiny / "params.yaml", model={"epochs": 6})
     run(tiny, "full", ckpt=False)
-    write_params(tiny / "params.yaml", epochs=3)
+    write_params(tiny / "params.yaml", model={"epochs": 3})
     run(tiny, "grow")
-    write_params(tiny / "params.yaml", epochs=6)
+    write_params(tiny / "params.yaml", model={"epochs": 6})
     assert run(tiny, "grow")["resumed_from_epoch"] == 3
     np.testing.assert_array_equal(embeddings(tiny, "full")[1], embeddings(tiny, "grow")[1])
 
 
-def test_stale_checkpoint_is_not_resumed(tiny, capsys):
+def test_stale_checkpoint_is_not_resumed(tiny, caplog):
     run(tiny, "x")
-    write_params(tiny / "params.yaml", lr=0.01)
-    report = run(tiny, "x")
+    write_params(tiny / "params.yaml", model={"lr": 0.01})
+    with caplog.at_level(logging.WARNING, logger="model.checkpoint"):
+        report = run(tiny, "x")
     assert report["resumed_from_epoch"] == 0
-    assert "other params" in capsys.readouterr().out
+    assert "other params" in caplog.text
     run(tiny, "fresh", ckpt=False)
     np.testing.assert_array_equal(embeddings(tiny, "x")[1], embeddings(tiny, "fresh")[1])
 
@@ -224,10 +249,22 @@ def test_malformed_and_duplicate_rows_are_counted(tiny):
 
 def test_bad_input(tiny):
     write_params(tiny / "bad.yaml", dimension=8)
-    with pytest.raises(PipelineError, match="unknown train_transe params"):
+    with pytest.raises(PipelineError, match=r"train_transe has unknown key\(s\) \['dimension'\]"):
         run(tiny, params="bad.yaml")
-    write_params(tiny / "bad.yaml", p_norm=3)
-    with pytest.raises(PipelineError, match="p_norm"):
+    write_params(tiny / "bad.yaml", model={"dimension": 8})
+    with pytest.raises(PipelineError, match=r"train_transe.model has unknown key\(s\)"):
+        run(tiny, params="bad.yaml")
+    write_params(tiny / "bad.yaml", model={"p_norm": 3})
+    with pytest.raises(PipelineError, match=r"train_transe.model.p_norm = 3"):
+        run(tiny, params="bad.yaml")
+    write_params(tiny / "bad.yaml", model={"chunk_size": 128})  # > batch_size 64
+    with pytest.raises(PipelineError, match="chunk_size"):
+        run(tiny, params="bad.yaml")
+    write_params(tiny / "bad.yaml", checkpoint_every=0)
+    with pytest.raises(PipelineError, match="train_transe.checkpoint_every = 0"):
+        run(tiny, params="bad.yaml")
+    write_params(tiny / "bad.yaml", heldout_fraction=0.5)
+    with pytest.raises(PipelineError, match="train_transe.heldout_fraction = 0.5"):
         run(tiny, params="bad.yaml")
     with pytest.raises(PipelineError, match="does not exist"):
         run(tiny, triples="missing.parquet")
@@ -256,7 +293,7 @@ def test_cross_distance_matches_cdist(p):
 @pytest.mark.parametrize("p", [1, 2])
 def test_filtered_ranks_against_brute_force(p):
     gen = torch.Generator().manual_seed(1)
-    cfg = TransEConfig(dim=4, p_norm=p, batch_size=1, chunk_size=1)
+    cfg = tiny_config(dim=4, p_norm=p, batch_size=1, chunk_size=1)
     model = TransE(12, 3, cfg, gen)
     known = torch.tensor(
         [[0, 0, 1], [0, 0, 2], [0, 0, 3], [4, 1, 3], [5, 1, 3], [6, 2, 7], [1, 2, 0]]
@@ -288,7 +325,7 @@ def test_filtered_ranks_against_brute_force(p):
 
 def test_last_partial_batch_and_small_data():
     """Batches shorter than a chunk are padded, not dropped or crashing."""
-    cfg = TransEConfig(dim=8, batch_size=32, chunk_size=32, negatives=4, seed=0)
+    cfg = tiny_config(dim=8, batch_size=32, chunk_size=32, negatives=4, seed=0)
     gen = torch.Generator().manual_seed(0)
     model = TransE(10, 2, cfg, gen)
     triples = torch.tensor([[0, 0, 1], [1, 1, 2], [2, 0, 3]])
@@ -300,17 +337,102 @@ def test_last_partial_batch_and_small_data():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_trains_on_cuda(tiny):
-    write_params(tiny / "params.yaml", device="auto", epochs=30)
+    write_params(tiny / "params.yaml", model={"epochs": 30}, device="auto")
     report = run(tiny, "gpu")
     assert report["device"] == "cuda"
     assert report["heldout_mrr"] > 0.5
     # A CUDA checkpoint resumes (tables and moments are stored on the CPU).
-    write_params(tiny / "params.yaml", device="auto", epochs=32)
+    write_params(tiny / "params.yaml", model={"epochs": 32}, device="auto")
     assert run(tiny, "gpu")["resumed_from_epoch"] == 30
 
 
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="chunk_size"):
-        TransEConfig(batch_size=8, chunk_size=16)
-    with pytest.raises(ValueError, match="loss"):
-        TransEConfig(loss="softplus")
+        tiny_config(batch_size=8, chunk_size=16)
+
+    def parse(**overrides):
+        return parse_section(TransEConfig, {**TINY_MODEL, **overrides}, "train_transe.model")
+
+    assert parse() == TINY_CONFIG
+    with pytest.raises(PipelineError, match="train_transe.model.loss = 'softplus'"):
+        parse(loss="softplus")
+    with pytest.raises(PipelineError, match="train_transe.model.dim = 0"):
+        parse(dim=0)
+    with pytest.raises(PipelineError, match="train_transe.model.lr = 0"):
+        parse(lr=0)
+    with pytest.raises(PipelineError, match="chunk_size"):
+        parse(batch_size=8, chunk_size=16)
+
+
+def test_stage_params_read_nested_model(tiny):
+    """The stage section holds TransE's config as a ``model`` subsection."""
+    params = load_section(train_transe.TrainTransEParams, "train_transe", tiny / "params.yaml")
+    assert params.model == TINY_CONFIG
+    assert (params.device, params.threads, params.heldout_fraction) == ("cpu", 1, 0.1)
+
+
+def random_graph_triples(entities: int = 3000, relations: int = 30, triples: int = 20000,
+                         seed: int = 0) -> list[tuple[str, str, str]]:
+    """A random multigraph large enough that torch splits its reductions across threads."""
+    rng = np.random.default_rng(seed)
+    h, t = rng.integers(0, entities, triples), rng.integers(0, entities, triples)
+    r = rng.integers(0, relations, triples)
+    return [(f"Q{a}", f"P{b}", f"Q{c}") for a, b, c in zip(h, r, t, strict=True)]
+
+
+def test_fresh_processes_give_identical_embeddings_with_one_or_two_threads(tmp_path):
+    """Bit-identical on one machine type: two fresh processes with 2 threads, and 1 thread.
+
+    Batches of 2048 positives x 64 negatives are big enough for torch to split the loss
+    reductions and BLAS products across threads, so this would catch an order of
+    summation that depends on the thread count or on scheduling.
+    """
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    write_triples(tmp_path / "triples.parquet", random_graph_triples())
+    model = {"dim": 64, "epochs": 2, "batch_size": 2048, "chunk_size": 128,
+             "negatives": 64, "lr": 0.01}
+    for threads in (1, 2):
+        write_params(tmp_path / f"t{threads}.yaml", model=model, threads=threads,
+                     heldout_fraction=0.0)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("OMP_NUM_THREADS", None)
+    digests = {}
+    for name, threads in (("a", 2), ("b", 2), ("c", 1)):
+        subprocess.run(
+            [sys.executable, "-m", "stages.train_transe", "--triples",
+             str(tmp_path / "triples.parquet"), "--out", str(tmp_path / f"{name}.parquet"),
+             "--params", str(tmp_path / f"t{threads}.yaml")],
+            cwd=ROOT, env=env, check=True, capture_output=True,
+        )
+        _, vectors = embeddings(tmp_path, name, dim=model["dim"])
+        digests[name] = vectors
+    np.testing.assert_array_equal(digests["a"], digests["b"])
+    np.testing.assert_array_equal(digests["a"], digests["c"])
+
+
+def test_checkpoint_of_other_code_is_not_resumed(tiny, monkeypatch, caplog):
+    """A persisted checkpoint written by other TransE code is trained again, not reused.
+
+    The committed features once came from such a checkpoint (``resumed_from_epoch`` equal
+    to ``epochs``), so a fresh clone, which has none, computed other embeddings.
+    """
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import model.transe as transe_module
+
+    first = run(tiny, "x")
+    assert first["resumed_from_epoch"] == 0
+    assert run(tiny, "x")["resumed_from_epoch"] == TINY_MODEL["epochs"]  # same code: reused
+    edited = tiny / "transe_edited.py"
+    edited.write_text(Path(transe_module.__file__).read_text() + "\n# a fix\n")
+    monkeypatch.setattr(train_transe, "transe_code", SimpleNamespace(__file__=str(edited)),
+                        raising=False)
+    with caplog.at_level(logging.WARNING, logger="model.checkpoint"):
+        report = run(tiny, "x")
+    assert report["resumed_from_epoch"] == 0
+    assert "other code" in caplog.text

@@ -1,0 +1,373 @@
+"""Episodic meta-training of one model on one split: resume, step, validate, save.
+
+Loss = -log p(y_Q | x_Q, x_S, y_S, G) on N-way K-shot episodes from the training relations
+(N and K drawn per step, zero-shot episodes for ``regrab`` with probability
+``zero_shot_rate``), AdamW with linear warm-up and linear decay, validation on fixed
+episodes of the validation relations, best model kept. ``state.pt`` (weights, optimizer,
+scheduler and every RNG) is the resume point after a kill; a resumed run ends bit-identical
+to one that was never stopped.
+
+Shapes: see :mod:`model` (B episodes, N ways, K shots, Q queries, D encoding size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from model.checkpoint import build_model, config_for_method, read_payload, save_model, save_payload
+from model.encoder import TokenizedSet
+from model.encoder_cache import LowerCache, encode_all, encode_rows
+from model.episodes import EpisodeSampler, Setting, episode_accuracy, gather_episodes
+from model.graph_prior import RelationGraph
+from model.langevin import heldout_scales
+from model.regrab import FewShotModel
+from pipeline.errors import PipelineError
+from pipeline.io import read_parquet
+from pipeline.schemas import FEWSHOT_SCHEMA
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What one training run needs of the ``train`` section (see stages/train.py)."""
+
+    steps: int
+    ways: tuple[int, ...]
+    shots: tuple[int, ...]
+    zero_shot_rate: float
+    queries: int
+    lr_encoder: float
+    lr_head: float
+    lr_scales: float
+    weight_decay: float
+    warmup: float
+    max_grad_norm: float
+    val_every: int
+    val_episodes: int
+    val_settings: tuple[str, ...]
+    checkpoint_every: int
+    encode_batch: int
+    dvclive: bool
+    evidence_weight: float
+
+
+class TokenCache:
+    """Tokenised tables, keyed by file and tokenisation settings (tokenise once)."""
+
+    def __init__(self) -> None:
+        self._sets: dict[tuple, tuple[TokenizedSet, list[str]]] = {}
+
+    def get(self, model: FewShotModel, path: Path) -> tuple[TokenizedSet, list[str]]:
+        c = model.encoder.config
+        key = (str(path), c.name, c.markers, c.max_length)
+        if key not in self._sets:
+            table = read_parquet(path, FEWSHOT_SCHEMA)
+            if table.num_rows == 0:
+                raise PipelineError(f"{path} has no sentences; rebuild the splits")
+            self._sets[key] = (model.encoder.tokenize(table), table.column("relation").to_pylist())
+        return self._sets[key]
+
+
+@dataclass
+class Run:
+    """Everything one training run carries from step to step."""
+
+    model: FewShotModel
+    method: str
+    name: str
+    sched: Schedule
+    train_tok: TokenizedSet
+    val_tok: TokenizedSet
+    train_s: EpisodeSampler
+    val_s: EpisodeSampler
+    ways: list[int]
+    train_rows: torch.Tensor
+    cache: LowerCache | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    rng: np.random.Generator
+    noise: torch.Generator
+    val_seed: int
+    step: int = 0
+    best: float = -1.0
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+def lr_lambda(steps: int, warmup: float):
+    """Linear warm-up over ``warmup`` of the steps, then linear decay to 0."""
+    warm = max(1, int(round(steps * warmup)))
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return max(0.0, (steps - step) / max(1, steps - warm))
+
+    return f
+
+
+def make_optimizer(model: FewShotModel, sched: Schedule) -> torch.optim.Optimizer:
+    """AdamW with groups for the trained encoder layers, the head and the sampler's scales.
+
+    The scales (log lambda, log sigma^2) get their own rate: at the head's rate they moved
+    by a few percent in a CPU run and stayed where they were initialised.
+    """
+    enc = [p for p in model.encoder.parameters() if p.requires_grad]
+    scales = [p for n, p in model.head.named_parameters()
+              if p.requires_grad and n.startswith("sampler.log_")]
+    head = [p for n, p in model.head.named_parameters()
+            if p.requires_grad and not n.startswith("sampler.log_")]
+    groups = [g for g in ({"params": enc, "lr": sched.lr_encoder},
+                          {"params": head, "lr": sched.lr_head},
+                          {"params": scales, "lr": sched.lr_scales, "weight_decay": 0.0})
+              if g["params"]]
+    if not groups:
+        groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.0}]
+    return torch.optim.AdamW(groups, weight_decay=sched.weight_decay)
+
+
+def prepare(split_dir: Path, method: str, params: dict[str, Any], sched: Schedule,
+            graph: RelationGraph | None, device: str, tokens: TokenCache,
+            lower_cache: LowerCache, seed: int, seed_key: tuple[int, ...]) -> Run:
+    """Build the model, samplers, optimizer and RNGs of a fresh run, checking the split."""
+    seeds = np.random.SeedSequence([seed, *seed_key]).generate_state(3)
+    torch.manual_seed(int(seeds[0]))
+    model_cfg = config_for_method(params["model"], method)
+    model = build_model(model_cfg, graph if model_cfg.uses_graph else None).to(device)
+    train_tok, train_rel = tokens.get(model, split_dir / "train.parquet")
+    val_tok, val_rel = tokens.get(model, split_dir / "val.parquet")
+    train_s = EpisodeSampler(train_rel, f"{split_dir.name} training split")
+    val_s = EpisodeSampler(val_rel, f"{split_dir.name} validation split")
+    ways = [w for w in sched.ways if w <= len(train_s.relations)]
+    if not ways:
+        raise PipelineError(
+            f"train.ways={list(sched.ways)} all exceed the {len(train_s.relations)} training "
+            f"relations of {split_dir.name}; lower train.ways"
+        )
+    for w in ways:
+        train_s.check(w, max(sched.shots), sched.queries)
+    if min(sched.shots) == 0 and method != "regrab":
+        raise PipelineError(f"zero-shot training needs the graph prior; {method} has none")
+    for name in sched.val_settings:
+        s = Setting.parse(name)
+        val_s.check(s.ways, s.shots, sched.queries)
+    if model.prior is not None:
+        model.prior.coverage(train_s.relations, f"{split_dir.name} training")
+        model.prior.coverage(val_s.relations, f"{split_dir.name} validation")
+    cache = lower_cache if model.encoder.split > 0 else None
+    if cache is not None:  # frozen layers once per sentence, batched by length
+        for tok in (train_tok, val_tok):
+            order = np.argsort([len(x) for x in tok.ids], kind="stable")
+            cache.states(model.encoder, tok, order, sched.encode_batch, progress=True)
+    optimizer = make_optimizer(model, sched)
+    return Run(
+        model=model, method=method, name=f"{split_dir.name}/{method}", sched=sched,
+        train_tok=train_tok, val_tok=val_tok, train_s=train_s, val_s=val_s, ways=ways,
+        train_rows=model.rows(train_s.relations).to(device), cache=cache, optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(sched.steps,
+                                                                          sched.warmup)),
+        rng=np.random.default_rng(int(seeds[1])),
+        noise=torch.Generator(device=device).manual_seed(int(seeds[2])),
+        val_seed=int(seeds[1]),
+    )
+
+
+def resume(run: Run, state_path: Path, params: dict[str, Any]) -> bool:
+    """Continue from ``state.pt`` when it was written with the same params."""
+    if not state_path.exists():
+        return False
+    try:
+        state = read_payload(state_path)
+    except PipelineError as exc:
+        log.warning("%s: %s; starting over", run.name, exc)
+        return False
+    if state.get("params") != params:
+        log.warning("%s: state.pt was made with other params; starting over", run.name)
+        return False
+    run.model.load_state_dict({**run.model.state_dict(), **state["state"]}, strict=True)
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.rng.bit_generator.state = state["rng_numpy"]
+    torch.set_rng_state(state["rng_torch"])
+    run.noise.set_state(state["rng_noise"])
+    run.step, run.best, run.history = state["step"], state["best"], state["history"]
+    log.info("%s: resumed at step %d", run.name, run.step)
+    return True
+
+
+def train_step(run: Run) -> tuple[float, int, int]:
+    """One episode: sample N and K, encode, loss, backward, optimizer step.
+
+    Returns:
+        The loss and the episode's N and K.
+    """
+    sched = run.sched
+    n = int(run.rng.choice(run.ways))
+    shots = [k for k in sched.shots if k > 0] or [0]
+    k = int(run.rng.choice(shots))
+    if run.method == "regrab" and sched.zero_shot_rate > 0 and \
+            run.rng.random() < sched.zero_shot_rate:
+        k = 0
+    ep = run.train_s.sample(run.rng, n, k, sched.queries, 1)
+    rows = np.concatenate([ep.support.reshape(-1), ep.query.reshape(-1)])
+    enc = encode_rows(run.model.encoder, run.train_tok, rows, run.cache, batch_size=len(rows))
+    local = type(ep)(ep.relation, np.arange(n * k).reshape(1, n, k),
+                     n * k + np.arange(n * sched.queries).reshape(1, n, sched.queries))
+    support, query, labels = gather_episodes(enc, local)
+    h = run.model.head.prior_means(None, run.train_rows[torch.from_numpy(ep.relation)])
+    log_p = run.model.head.log_predictive(support, query, h, run.noise)  # (1, Q, N)
+    loss = torch.nn.functional.nll_loss(log_p.reshape(-1, n), labels.reshape(-1))
+    head = run.model.head
+    if (sched.evidence_weight > 0 and getattr(head, "likelihood", None) == "gaussian"
+            and head.config.prior_precision > 0):
+        # Empirical Bayes on every labelled sentence of the episode, per dimension. The
+        # encodings are held fixed: this term fits the prior (h, lambda, sigma^2) to the
+        # data; pulling the encoder towards tight classes here hurt validation accuracy.
+        x = torch.cat([support, query.reshape(1, n, sched.queries, -1)], 2).detach()
+        loss = loss - sched.evidence_weight * head.log_evidence(x, h).mean() / x.shape[-1]
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"loss is {loss.item()}")
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), sched.max_grad_norm)
+    run.optimizer.step()
+    run.scheduler.step()
+    return loss.item(), n, k
+
+
+@torch.no_grad()
+def fit_heldout_scales(head: torch.nn.Module, enc: torch.Tensor, sampler: EpisodeSampler,
+                       rows: torch.Tensor) -> tuple[float, float] | None:
+    """Set REGRAB's lambda and sigma^2 by empirical Bayes on the validation relations.
+
+    Only for ``scales: heldout``; returns the new (lambda, sigma^2), else None.
+    """
+    langevin = getattr(head, "sampler", None)
+    if langevin is None or langevin.mode != "heldout":
+        return None
+    h = head.prior_means(head.prior_states(), rows.to(enc.device))  # (R, D)
+    x = [enc[torch.from_numpy(m).to(enc.device)] for m in sampler.members]
+    lam, var = heldout_scales([xr.double() for xr in x], h.double())
+    langevin.set_scales(lam, var)
+    return lam, var
+
+
+def validate(run: Run) -> float:
+    """Mean accuracy (%) over ``val_settings`` on fixed episodes of the validation split.
+
+    With ``scales: heldout`` REGRAB's lambda and sigma^2 are re-estimated on these relations
+    first, so the model kept as best carries the scales it was validated with.
+    """
+    model, sched = run.model, run.sched
+    model.eval()
+    enc = encode_all(model.encoder, run.val_tok, run.cache, sched.encode_batch)
+    rows = model.rows(run.val_s.relations)
+    fitted = fit_heldout_scales(model.head, enc, run.val_s, rows)
+    if fitted is not None:
+        log.info("%s: heldout lambda %.3g, sigma^2 %.3g", run.name, *fitted)
+    accs = []
+    for i, name in enumerate(sched.val_settings):
+        s = Setting.parse(name)
+        if s.shots == 0 and model.prior is None:
+            continue
+        episodes = run.val_s.sample(
+            np.random.default_rng([run.val_seed, i]), s.ways, s.shots, sched.queries,
+            sched.val_episodes,
+        )
+        gen = torch.Generator(device=enc.device).manual_seed(run.val_seed + i)
+        accs.append(episode_accuracy(model.head, enc, episodes, rows,
+                                     generator=gen).mean() * 100)
+    model.train()
+    return float(np.mean(accs))
+
+
+def save_state(run: Run, path: Path, params: dict[str, Any]) -> None:
+    """The resume point: weights plus optimizer, scheduler and every RNG state."""
+    save_model(path, run.model, {
+        "params": params, "step": run.step, "best": run.best, "history": run.history,
+        "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+        "rng_numpy": run.rng.bit_generator.state, "rng_torch": torch.get_rng_state(),
+        "rng_noise": run.noise.get_state(),
+    })
+
+
+def finish(best_path: Path, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    """Mark the best model as done: a rerun with the same params and inputs reuses it."""
+    payload = read_payload(best_path)
+    payload.update({"done": True, "summary": summary, "history": history})
+    save_payload(best_path, payload)
+
+
+def finished_summary(best_path: Path, state_path: Path,
+                     params: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary of a finished model trained with ``params``, else None."""
+    if not best_path.exists() or state_path.exists():
+        return None
+    try:
+        payload = read_payload(best_path)
+    except PipelineError:  # another version's model: train it again
+        return None
+    if payload.get("done") and payload.get("params") == params:
+        return payload["summary"]
+    return None
+
+
+def train(run: Run, out_dir: Path, params: dict[str, Any], live: Any = None,
+          on_step: Any = None) -> dict[str, Any]:
+    """Train until ``sched.steps``, validating, checkpointing and logging curves.
+
+    ``on_step(step)`` is a test hook (e.g. to simulate a kill).
+    """
+    sched = run.sched
+    best_path, state_path = out_dir / "model.pt", out_dir / "state.pt"
+    last_good = str(state_path) if state_path.exists() else "none"
+    run.model.train()
+    bar = tqdm(total=sched.steps, initial=run.step, desc=run.name, leave=False)
+    t0 = time.perf_counter()
+    while run.step < sched.steps:
+        try:
+            loss, n, k = train_step(run)
+        except FloatingPointError as exc:
+            raise PipelineError(
+                f"{exc} at step {run.step} of {run.name}; last good checkpoint: {last_good}; "
+                "lower train.lr_* or model.langevin.step_size and rerun"
+            ) from None
+        run.step += 1
+        bar.update(1)
+        run.history.append({"step": run.step, "loss": loss, "ways": n, "shots": k})
+        if live is not None:
+            live.log_metric("train/loss", loss)
+        if run.step % sched.val_every == 0 or run.step == sched.steps:
+            acc = validate(run)
+            run.history[-1]["val_acc"] = acc
+            if live is not None:
+                live.log_metric("val/acc", acc)
+            if acc > run.best:
+                run.best = acc
+                # The relations it saw, so scoring on other data can flag overlaps.
+                seen = {"train": run.train_s.relations, "val": run.val_s.relations}
+                save_model(best_path, run.model, {"params": params, "step": run.step,
+                                                  "val_acc": acc, "done": False,
+                                                  "relations": seen})
+        if live is not None:
+            live.next_step()
+        if run.step % sched.checkpoint_every == 0 or run.step == sched.steps:
+            save_state(run, state_path, params)
+            last_good = str(state_path)
+        if on_step is not None:
+            on_step(run.step)
+    bar.close()
+    if live is not None:
+        live.end()
+    return {"best_step": read_payload(best_path)["step"],
+            "seconds": round(time.perf_counter() - t0, 1),
+            "final_loss": float(np.mean([h["loss"] for h in run.history[-20:]]))}

@@ -1,0 +1,315 @@
+"""Tests for pipeline/config.py against every params.yaml section's schema.
+
+Each section's frozen dataclass is walked field by field (nested subsections included), so
+every key of every section is checked: the project's values parse, and a wrong type, an
+unknown key, a value below its limit or a missing key is refused with one line naming the
+key and the value.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import types
+import typing
+from typing import Any, Literal, Union
+
+import pytest
+import yaml
+
+from pipeline.config import load_section, parse_section
+from pipeline.errors import PipelineError
+from tests.conftest import ROOT, merged, project_params
+
+#: params.yaml section -> the frozen dataclass that is its schema ("module:Class").
+SCHEMAS = {
+    "fetch": "stages.fetch:FetchParams",
+    "prepare_fewshot": "stages.prepare_fewshot:PrepareFewshotParams",
+    "split_nyt": "stages.split_nyt:SplitParams",
+    "split_fewrel": "stages.split_fewrel:SplitFewrelParams",
+    "train_transe": "stages.train_transe:TrainTransEParams",
+    "build_graph": "stages.build_graph:BuildGraphParams",
+    "model": "model.checkpoint:ModelParams",
+    "train": "stages.train:TrainConfig",
+    "evaluate": "stages.evaluate:EvalConfig",
+}
+
+
+def schema(section: str) -> type:
+    module, name = SCHEMAS[section].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """One non-dataclass field of a section: its path, annotation and limits."""
+
+    section: str
+    path: tuple[str, ...]
+    tp: Any
+    limits: dict
+
+    @property
+    def key(self) -> str:
+        return ".".join((self.section, *self.path))
+
+    @property
+    def scalar(self) -> Any:
+        """The annotation without ``| None``; ``None`` when it is not int, float or bool."""
+        tp = self.tp
+        if typing.get_origin(tp) in (Union, types.UnionType):
+            inner = [a for a in typing.get_args(tp) if a is not type(None)]
+            tp = inner[0] if len(inner) == 1 else None
+        return tp if tp in (int, float, bool) else None
+
+
+def _walk(cls: type, section: str, prefix: tuple[str, ...] = ()):
+    """Yield ``("leaf", Leaf)`` and ``("sub", path)`` for the fields of ``cls``, recursively."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        path = (*prefix, f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield "sub", path
+            yield from _walk(hints[f.name], section, path)
+        else:
+            yield "leaf", Leaf(section, path, hints[f.name], dict(f.metadata.get("limits", {})))
+
+
+def all_leaves() -> list[Leaf]:
+    return [item for s in SCHEMAS for kind, item in _walk(schema(s), s) if kind == "leaf"]
+
+
+LEAVES = all_leaves()
+NUMBERS = [leaf for leaf in LEAVES if leaf.scalar in (int, float)]
+INTS = [leaf for leaf in NUMBERS if leaf.scalar is int]
+FLOATS = [leaf for leaf in NUMBERS if leaf.scalar is float]
+BOOLS = [leaf for leaf in LEAVES if leaf.scalar is bool]
+LITERALS = [leaf for leaf in LEAVES if typing.get_origin(leaf.tp) is Literal]
+BOUNDED = [leaf for leaf in NUMBERS if "ge" in leaf.limits or "gt" in leaf.limits]
+#: Every mapping: each section ``(name, ())`` and each of its nested subsections.
+SUBSECTIONS = [
+    (s, path) for s in SCHEMAS for path in [(), *(p for k, p in _walk(schema(s), s) if k == "sub")]
+]
+
+
+def ids(leaves: list[Leaf]) -> list[str]:
+    return [leaf.key for leaf in leaves]
+
+
+def section(name: str) -> dict:
+    """A deep copy of the project's params.yaml section ``name``."""
+    return copy.deepcopy(project_params()[name])
+
+
+def with_value(leaf: Leaf, value: Any) -> dict:
+    raw = section(leaf.section)
+    node = raw
+    for part in leaf.path[:-1]:
+        node = node[part]
+    node[leaf.path[-1]] = value
+    return raw
+
+
+def attr(obj: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        obj = getattr(obj, part)
+    return obj
+
+
+def rejects(leaf_section: str, raw: dict, *fragments: str) -> str:
+    """Parse ``raw``; assert a one-line PipelineError holding every fragment; return it."""
+    with pytest.raises(PipelineError) as info:
+        parse_section(schema(leaf_section), raw, leaf_section)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_every_params_section_has_a_schema():
+    """A new params.yaml section must be registered above (and so tested)."""
+    assert set(project_params()) == set(SCHEMAS) | {"benchmarks"}
+
+
+def _write_benchmarks(tmp_path, value):
+    params = project_params()
+    params["benchmarks"] = value
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def test_benchmarks_section_is_validated_by_the_same_code(tmp_path):
+    from pipeline.config import Benchmark, load_benchmarks
+
+    ok = load_benchmarks(ROOT / "params.yaml")
+    assert set(ok) == {"nyt25", "fewrel"} and isinstance(ok["nyt25"], Benchmark)
+    bad = {
+        "unknown key": ({"nyt25": {"splits": "s", "title": "t", "seed": 1}}, "seed"),
+        "missing key": ({"nyt25": {"splits": "s"}}, "benchmarks.nyt25.title is missing"),
+        "wrong type": ({"nyt25": {"splits": 3, "title": "t"}}, "benchmarks.nyt25.splits = 3"),
+        "not a mapping": (["nyt25"], "expected a mapping"),
+        "empty": ({}, "benchmarks is empty"),
+    }
+    for what, (value, message) in bad.items():
+        with pytest.raises(PipelineError, match=message) as exc:
+            load_benchmarks(_write_benchmarks(tmp_path, value))
+        assert "\n" not in str(exc.value), what
+
+
+def test_walk_finds_the_keys_we_rely_on():
+    """Guards the parametrisation: these keys must be found and classified."""
+    keys = {leaf.key for leaf in BOUNDED if leaf.scalar is int}
+    assert {
+        "fetch.retries", "split_nyt.min_instances", "train_transe.model.epochs",
+        "build_graph.k", "model.langevin.samples", "train.steps", "evaluate.episodes",
+    } <= keys
+    assert {"train.lr_encoder", "train_transe.model.lr", "fetch.timeout_s"} <= set(ids(FLOATS))
+    assert ("model", ("encoder",)) in SUBSECTIONS and ("train_transe", ("model",)) in SUBSECTIONS
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_project_section_parses(name):
+    config = parse_section(schema(name), project_params()[name], name)
+    assert isinstance(config, schema(name))
+    # And through the file, as the stages read it.
+    assert load_section(schema(name), name, ROOT / "params.yaml") == config
+
+
+@pytest.mark.parametrize("leaf", NUMBERS, ids=ids(NUMBERS))
+def test_string_for_number_rejected(leaf):
+    rejects(leaf.section, with_value(leaf, "abc"), f"{leaf.key} = 'abc'", "expected")
+
+
+@pytest.mark.parametrize("leaf", INTS, ids=ids(INTS))
+def test_fraction_for_integer_rejected(leaf):
+    rejects(leaf.section, with_value(leaf, 5.5), f"{leaf.key} = 5.5", "expected an integer")
+
+
+@pytest.mark.parametrize("leaf", NUMBERS, ids=ids(NUMBERS))
+@pytest.mark.parametrize("value", [True, False])
+def test_bool_for_number_rejected(leaf, value):
+    rejects(leaf.section, with_value(leaf, value), f"{leaf.key} = {value!r}", "expected")
+
+
+@pytest.mark.parametrize("leaf", BOOLS, ids=ids(BOOLS))
+@pytest.mark.parametrize("value", ["yes", 1])
+def test_non_bool_for_bool_rejected(leaf, value):
+    rejects(leaf.section, with_value(leaf, value), f"{leaf.key} = {value!r}", "true or false")
+
+
+@pytest.mark.parametrize("leaf", LITERALS, ids=ids(LITERALS))
+def test_value_outside_literal_rejected(leaf):
+    rejects(leaf.section, with_value(leaf, "no-such-choice"),
+            f"{leaf.key} = 'no-such-choice'", "one of")
+
+
+def _below(leaf: Leaf) -> list[Any]:
+    """Values just under the lower limit, and -1 when that is under it too."""
+    if "ge" in leaf.limits:
+        bound = leaf.limits["ge"]
+        values = [bound - 1 if leaf.scalar is int else bound - 0.5]
+    else:
+        bound = leaf.limits["gt"]
+        values = [bound]
+    if -1 < bound:
+        values.append(-1)
+    return sorted(set(values))
+
+
+@pytest.mark.parametrize("leaf", BOUNDED, ids=ids(BOUNDED))
+def test_value_below_limit_rejected(leaf):
+    """Zero or negative counts (and rates, sizes...) are refused, naming the limit."""
+    for value in _below(leaf):
+        rejects(leaf.section, with_value(leaf, value), f"{leaf.key} = {value!r}", "expected a")
+
+
+@pytest.mark.parametrize("leaf", FLOATS, ids=ids(FLOATS))
+def test_yaml_exponent_string_accepted_for_float(leaf):
+    """PyYAML reads ``2e-4`` (no dot) as a string; a float field takes it as the number."""
+    text = yaml.safe_load("value: 2e-4")["value"]
+    assert text == "2e-4"  # the YAML 1.1 quirk this guards against
+    limits = leaf.limits
+    if ("ge" in limits and 2e-4 < limits["ge"]) or ("gt" in limits and 2e-4 <= limits["gt"]):
+        text = yaml.safe_load("value: 2e1")["value"]  # a field whose limit excludes 2e-4
+        assert text == "2e1"
+    config = parse_section(schema(leaf.section), with_value(leaf, text), leaf.section)
+    got = attr(config, leaf.path)
+    assert isinstance(got, float) and got == float(text)
+
+
+def test_yaml_exponent_in_params_file(tmp_path):
+    """End to end: ``lr_encoder: 2e-4`` written in a params file reads as 0.0002."""
+    original = (ROOT / "params.yaml").read_text()
+    lines = original.splitlines()
+    at = [i for i, line in enumerate(lines) if line.strip().startswith("lr_encoder:")]
+    assert len(at) == 1
+    lines[at[0]] = "  lr_encoder: 2e-4"
+    (tmp_path / "params.yaml").write_text("\n".join(lines) + "\n")
+    config = load_section(schema("train"), "train", tmp_path / "params.yaml")
+    assert config.lr_encoder == 2e-4
+
+
+@pytest.mark.parametrize(("name", "path"), SUBSECTIONS,
+                         ids=[".".join((s, *p)) for s, p in SUBSECTIONS])
+def test_unknown_key_rejected(name, path):
+    raw = section(name)
+    node = raw
+    for part in path:
+        node = node[part]
+    node["no_such_key"] = 1
+    where = ".".join((name, *path))
+    rejects(name, raw, f"{where} has unknown key(s) ['no_such_key']")
+
+
+@pytest.mark.parametrize("leaf", LEAVES, ids=ids(LEAVES))
+def test_missing_key_rejected(leaf):
+    """No field has a default: params.yaml must spell out every key."""
+    raw = section(leaf.section)
+    node = raw
+    for part in leaf.path[:-1]:
+        node = node[part]
+    del node[leaf.path[-1]]
+    rejects(leaf.section, raw, f"{leaf.key} is missing")
+
+
+@pytest.mark.parametrize(("name", "path"), [(s, p) for s, p in SUBSECTIONS if p],
+                         ids=[".".join((s, *p)) for s, p in SUBSECTIONS if p])
+def test_missing_subsection_rejected(name, path):
+    raw = section(name)
+    node = raw
+    for part in path[:-1]:
+        node = node[part]
+    del node[path[-1]]
+    rejects(name, raw, f"{'.'.join((name, *path))} is missing")
+
+
+def test_section_that_is_not_a_mapping_rejected():
+    rejects("train", [1, 2], "params.yaml train = [1, 2]", "mapping")
+
+
+def _paper() -> dict:
+    return yaml.safe_load((ROOT / "params-paper-gpu.yaml").read_text())
+
+
+def _flat(tree: dict, prefix: tuple[str, ...] = ()):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _flat(value, (*prefix, key))
+        else:
+            yield (*prefix, key), value
+
+
+@pytest.mark.parametrize("name", sorted(_paper()))
+def test_paper_gpu_overrides_validate(name):
+    """params-paper-gpu.yaml merged into params.yaml gives valid sections with its values."""
+    assert name in SCHEMAS, f"params-paper-gpu.yaml has a section {name} params.yaml lacks"
+    config = parse_section(schema(name), merged(project_params()[name], _paper()[name]), name)
+    for path, value in _flat(_paper()[name]):
+        got = attr(config, path)
+        expected = tuple(value) if isinstance(value, list) else value
+        assert got == expected, ".".join((name, *path))
