@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +47,43 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty temporary folder next to ``path``; it replaces ``path`` on success.
+
+    Readers see the old folder, then (after a moment with none) the new one, never a
+    mixture; on any exception the temporary folder is removed and ``path`` is untouched.
+    Temporary folders that a SIGKILL left behind for ``path`` are removed first.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
+    try:
+        yield tmp
+        if path.exists():
+            # os.replace cannot replace a non-empty folder: move the old one aside first.
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp",
+                                        dir=path.parent))
+            os.replace(path, old / path.name)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.replace(old / path.name, path)
+                raise
+            finally:
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def file_digest(path: str | os.PathLike[str]) -> str | None:
     """sha256 of a file (None when it does not exist), to tell changed inputs apart."""
     path = Path(path)
@@ -67,27 +105,62 @@ def write_parquet(table: pa.Table, path: str | os.PathLike[str], schema: pa.Sche
 
 
 def read_parquet(path: str | os.PathLike[str], schema: pa.Schema | None = None) -> pa.Table:
-    """Read a Parquet file; with ``schema``, check the columns and types match."""
+    """Read a Parquet file; with ``schema``, check the columns, types and non-null columns.
+
+    Raises:
+        PipelineError: the file is missing, not Parquet, damaged, lacks a column of
+            ``schema``, has a column of the wrong type, or has nulls in a column that
+            ``schema`` declares non-nullable (an id column, say).
+    """
     path = Path(path)
     if not path.exists():
         raise PipelineError(f"{path} does not exist; run the stage that produces it (dvc repro)")
-    table = pq.read_table(path)
-    if schema is not None:
-        missing = [f.name for f in schema if f.name not in table.schema.names]
-        if missing:
+    if not path.is_file():
+        raise PipelineError(f"{path} is not a file; remove it and rebuild it with dvc repro")
+    try:
+        table = pq.read_table(path)
+        # Decoding is lazy for some encodings; a full validation surfaces a damaged
+        # page here, as one line, rather than later inside a stage.
+        table.validate(full=True)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise PipelineError(
+            f"{path} is not a readable Parquet file ({_first_line(exc)}); "
+            "delete it and rebuild it with dvc repro"
+        ) from exc
+    if schema is None:
+        return table
+    missing = [f.name for f in schema if f.name not in table.schema.names]
+    if missing:
+        raise PipelineError(
+            f"{path} lacks columns {missing}; it was written by another version, "
+            "rebuild it with dvc repro"
+        )
+    table = table.select(schema.names)
+    nulls = {
+        field.name: table.column(field.name).null_count
+        for field in schema
+        if not field.nullable and table.column(field.name).null_count
+    }
+    if nulls:
+        raise PipelineError(
+            f"{path} has nulls in columns that must be filled ("
+            + ", ".join(f"{name}: {count} rows" for name, count in nulls.items())
+            + "); it was not written by this pipeline, rebuild it with dvc repro"
+        )
+    if not table.schema.equals(schema):
+        try:
+            table = table.cast(schema)
+        except (pa.ArrowException, ValueError) as exc:
             raise PipelineError(
-                f"{path} lacks columns {missing}; it was written by another version, "
-                "rebuild it with dvc repro"
-            )
-        table = table.select(schema.names)
-        if not table.schema.equals(schema):
-            try:
-                table = table.cast(schema)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise PipelineError(
-                    f"{path} has the wrong column types ({exc}); rebuild it"
-                ) from exc
+                f"{path} has the wrong column types ({_first_line(exc)}); rebuild it"
+            ) from exc
     return table
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, so an error stays one line."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -100,3 +173,18 @@ def write_yaml(obj: Any, path: str | os.PathLike[str]) -> None:
     """Write ``obj`` as YAML, atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(yaml.safe_dump(obj, sort_keys=False))
+
+
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
+    """Delete temporaries that :func:`atomic_path` or :func:`atomic_dir` left after a SIGKILL.
+
+    Returns:
+        The files and folders removed.
+    """
+    stale = sorted(Path(folder).glob(".*.tmp"))
+    for path in stale:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return stale

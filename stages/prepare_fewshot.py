@@ -3,31 +3,29 @@
 FewRel layout: ``{"P413": [{"tokens": [...], "h": [name, qid, [[pos, ...]]],
 "t": [...]}, ...]}``. Each record becomes one row of ``FEWSHOT_SCHEMA``; the
 first mention of each entity gives its half-open span. Malformed records are
-skipped and counted by reason in ``report.json``, never kept and never fatal.
+skipped and counted by reason in ``report.json``, never kept; a dataset in which no
+record can be used is an error. The output folder appears whole or not at all.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from pipeline.config import load_params
+from pipeline.config import load_section
 from pipeline.errors import PipelineError, run_cli
-from pipeline.io import write_json, write_parquet
+from pipeline.io import atomic_dir, write_json, write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 
-#: Dataset names this stage knows, and the file each is read from.
-KNOWN_DATASETS = {
-    "val_nyt": "val_nyt.json",
-    "val_wiki": "val_wiki.json",
-    "train_wiki": "train_wiki.json",
-    "val_pubmed": "val_pubmed.json",
-}
+#: A dataset name is a file stem in the raw folder: no separators, no leading dot.
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class BadRecord(ValueError):
@@ -102,6 +100,12 @@ def convert(
                 rows[key].append(value)
             kept += 1
         per_relation[relation] = kept
+    if not rows["instance_id"]:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items())) or "no records"
+        raise PipelineError(
+            f"{name}: no usable record ({reasons}); it is not FewRel-format "
+            "({relation: [{tokens, h, t}, ...]}), replace the file"
+        )
     table = pa.table(rows, schema=FEWSHOT_SCHEMA)
     report = {
         "kept": table.num_rows,
@@ -114,44 +118,96 @@ def convert(
 
 
 def load_json(path: Path) -> Any:
-    """Load a JSON file, turning a missing or corrupt file into a one-line error."""
+    """Load a JSON file, turning a missing, corrupt or hostile file into a one-line error."""
     if not path.is_file():
-        raise PipelineError(f"{path} not found; run the fetch stage first (dvc repro fetch)")
+        raise PipelineError(
+            f"{path} not found; list {path.name} under fetch.files in params.yaml "
+            f"(then dvc repro fetch) or copy it into {path.parent}"
+        )
     try:
         with path.open("rb") as fh:
             return json.load(fh)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError as exc:
+        raise PipelineError(f"{path} is nested too deeply to be FewRel data; replace it") from exc
+    # ValueError covers JSONDecodeError, UnicodeDecodeError and over-long integer literals.
+    except ValueError as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise PipelineError(
-            f"{path} is not valid JSON ({exc}); re-fetch it with dvc repro -f fetch"
+            f"{path} is not valid JSON ({reason}); re-fetch it with dvc repro -f fetch"
         ) from exc
 
 
-def load_relation_names(path: Path | None) -> dict[str, str]:
-    """Map relation id -> English name from FewRel's ``pid2name.json`` (optional)."""
+def load_relation_names(path: Path | None) -> tuple[dict[str, str], int]:
+    """Map relation id -> English name from FewRel's ``pid2name.json`` (optional).
+
+    Returns:
+        The names, and how many entries were skipped because they were not
+        ``"P..": ["name", "description"]``.
+    """
     if path is None or not path.exists():
-        return {}
+        return {}, 0
     data = load_json(path)
-    return {pid: value[0] for pid, value in data.items() if isinstance(value, list) and value}
+    if not isinstance(data, dict):
+        raise PipelineError(
+            f"{path}: expected a JSON object mapping relation ids to [name, description]; "
+            "re-fetch it with dvc repro -f fetch"
+        )
+    names = {
+        pid: value[0]
+        for pid, value in data.items()
+        if isinstance(value, list) and value and isinstance(value[0], str) and value[0]
+    }
+    return names, len(data) - len(names)
+
+
+def check_datasets(datasets: list[str]) -> None:
+    """Reject names that are not plain file stems, and names listed twice."""
+    for name in datasets:
+        if not DATASET_NAME.fullmatch(name):
+            raise PipelineError(
+                f"prepare_fewshot.datasets: {name!r} is not a file name stem "
+                "(letters, digits, _ . -); list the names of RAW/{name}.json files"
+            )
+    twice = sorted({name for name in datasets if datasets.count(name) > 1})
+    if twice:
+        raise PipelineError(f"prepare_fewshot.datasets lists {twice} more than once")
+    if not datasets:
+        raise PipelineError("prepare_fewshot.datasets is empty; list at least one dataset")
 
 
 def prepare(raw: Path, out: Path, datasets: list[str], pid2name: Path | None) -> dict[str, Any]:
-    """Convert each dataset and write ``out/<name>.parquet`` plus ``out/report.json``."""
-    unknown = [name for name in datasets if name not in KNOWN_DATASETS]
-    if unknown:
-        raise PipelineError(
-            f"unknown dataset {unknown[0]!r} in prepare_fewshot.datasets; "
-            f"known: {sorted(KNOWN_DATASETS)}"
-        )
-    names = load_relation_names(pid2name)
+    """Convert each ``raw/<name>.json``; write ``out/<name>.parquet`` and ``out/report.json``.
+
+    Every dataset is converted into a temporary folder that replaces ``out`` only when all
+    succeeded, so a failure in any dataset leaves the previous ``out`` (or none).
+    """
+    check_datasets(datasets)
+    names, names_skipped = load_relation_names(pid2name)
+    if names_skipped:
+        print(f"{pid2name}: skipped {names_skipped} malformed entries (their ids stand in)")
     reports: dict[str, Any] = {}
-    for name in datasets:
-        table, report = convert(name, load_json(raw / KNOWN_DATASETS[name]), names)
-        write_parquet(table, out / f"{name}.parquet", FEWSHOT_SCHEMA)
-        reports[name] = report
-        print(f"{name}: kept {report['kept']} instances of {report['relations']} relations, "
-              f"skipped {report['skipped']} {report['skipped_by_reason'] or ''}".rstrip())
-    write_json(reports, out / "report.json")
+    with atomic_dir(out) as tmp:
+        for name in datasets:
+            table, report = convert(name, load_json(raw / f"{name}.json"), names)
+            write_parquet(table, tmp / f"{name}.parquet", FEWSHOT_SCHEMA)
+            report["relation_names_skipped"] = names_skipped
+            reports[name] = report
+            print(f"{name}: kept {report['kept']} instances of {report['relations']} "
+                  f"relations, skipped {report['skipped']} "
+                  f"{report['skipped_by_reason'] or ''}".rstrip())
+        write_json(reports, tmp / "report.json")
     return reports
+
+
+@dataclass(frozen=True)
+class PrepareFewshotParams:
+    """``params.yaml`` section ``prepare_fewshot``: FewRel-format files to convert.
+
+    Attributes:
+        datasets: names of ``RAW/{name}.json`` files (FewRel format), any number.
+    """
+
+    datasets: tuple[str, ...]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -161,10 +217,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pid2name", default=None, help="defaults to RAW/pid2name.json")
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)
-    cfg = load_params(args.params, "prepare_fewshot")
+    cfg = load_section(PrepareFewshotParams, "prepare_fewshot", args.params)
     raw = Path(args.raw)
     pid2name = Path(args.pid2name) if args.pid2name else raw / "pid2name.json"
-    prepare(raw, Path(args.out), list(cfg["datasets"]), pid2name)
+    prepare(raw, Path(args.out), list(cfg.datasets), pid2name)
 
 
 if __name__ == "__main__":
