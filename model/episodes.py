@@ -115,6 +115,7 @@ def episode_accuracy(
     episodes: Episodes,
     relation_rows: torch.Tensor,
     batch_size: int = 250,
+    generator: torch.Generator | None = None,
 ) -> np.ndarray:
     """Accuracy of every episode, computed from cached encodings in batches.
 
@@ -124,6 +125,7 @@ def episode_accuracy(
         episodes: from :meth:`EpisodeSampler.sample` on the same split.
         relation_rows: graph row of each sampler relation (-1 unknown; ignored without prior).
         batch_size: episodes per forward pass.
+        generator: seeds the posterior samples of a head that samples at evaluation.
 
     Shapes:
         encodings: (n, D), relation_rows: (R_split,) -> (B,)
@@ -136,7 +138,7 @@ def episode_accuracy(
         support, query, labels = gather_episodes(encodings, part)
         rows = relation_rows.to(encodings.device)[torch.from_numpy(part.relation)]  # (B, N)
         h = head.prior_means(states, rows)
-        log_p = head.log_predictive(support, query, h)  # (B, NQ, N)
+        log_p = head.log_predictive(support, query, h, generator)  # (B, Q, N)
         accs.append((log_p.argmax(-1) == labels).float().mean(1).cpu().numpy())
     return np.concatenate(accs)
 

@@ -1,14 +1,29 @@
-"""Stage ``evaluate``: few-shot and zero-shot accuracy of every trained model on NYT-25 test.
+"""Stage ``evaluate``: few-shot, zero-shot and none-of-the-above accuracy and calibration.
 
-Each model encodes every test sentence once; episodes are then assembled from the cached
-encodings (exact: the encoder sees one sentence at a time). Episodes are seeded per split and
-setting, so every method sees the same episodes. Zero-shot settings (``{N}w0s``) are run for
-``regrab`` only (prototypes = prior means). Accuracy is the mean over episodes, in percent,
-with a normal 95% interval; the overall figure pools the episodes of all splits (equal counts
-per split, so it is also the mean of the split means).
+Each model encodes every test (and, for NOTA, validation) sentence once; episodes are then
+assembled from the cached encodings (exact: the encoder sees one sentence at a time).
+Episodes are seeded per split and setting, so every method sees the same episodes, and the
+comparison with REGRAB is paired. Zero-shot settings (``{N}w0s``) are run for ``regrab``
+only (prototypes = prior means).
 
-An untrained ``floor`` row can be added (``evaluate.floor``): the frozen pre-trained encoder,
-entity-mean pooling, cosine prototypes.
+Every number is computed per split and reported as the mean over splits with a Student-t
+95% interval of the split means (:mod:`pipeline.report`); the pooled-episode interval is a
+secondary number in the report. Per method and setting it also measures calibration of the
+predictive probabilities (REGRAB: the average over its S posterior samples; proto and mtb:
+their softmax): ECE in equal-width bins of the max probability, a reliability diagram, and
+accuracy against coverage when abstaining on the least confident queries (with its AURC).
+
+NOTA (FewRel 2.0): a fraction r of the queries comes from test relations outside the N ways
+and a method answers "none of the above" by abstaining below a confidence threshold. The
+threshold is chosen per split, method, setting and rate on NOTA episodes of the split's
+validation relations (never on test), with ``min(N, validation relations - 1)`` ways, as the
+one that maximises NOTA accuracy there. Test NOTA episodes are the setting's plain test
+episodes with outside queries in place of some inside ones (:mod:`model.nota`).
+
+A model is scored only on the split it was trained on: its stored digests of the split's
+train and val files must match the split's files.
+
+An untrained ``floor`` row can be added (``evaluate.floor``): see :mod:`model.floor`.
 
 Usage:
     python -m stages.evaluate --splits data/splits --models models \
@@ -18,26 +33,40 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
-from model.baselines import PrototypeHead
-from model.encoder import EncoderConfig, LowerCache, SentenceEncoder, encode_all
-from model.episodes import EpisodeSampler, Setting, episode_accuracy, mean_ci95
-from model.langevin import LangevinConfig
-from model.regrab import METHODS, load_checkpoint
-from pipeline.config import load_params, select_device
+from model.checkpoint import Method, load_model
+from model.encoder_cache import LowerCache, encode_all
+from model.episodes import EpisodeSampler, Setting
+from model.floor import CosinePrototypeHead, floor_encoder
+from model.nota import NotaEpisodes, sample_nota
+from model.scoring import (
+    OUTSIDE,
+    EpisodeScores,
+    aurc,
+    best_threshold,
+    expected_calibration_error,
+    flat_queries,
+    nota_correct,
+    reliability_bins,
+    score_episodes,
+    scores_from_log_probs,
+    selective_accuracy,
+)
+from pipeline import report
+from pipeline.config import field, load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
-from pipeline.io import atomic_path, read_parquet, write_json
+from pipeline.io import atomic_path, file_digest, read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
-from stages.train import set_threads
 
 log = logging.getLogger(__name__)
 
@@ -60,72 +89,203 @@ class EvalConfig:
         encode_batch: sentences per encoder batch.
         device: auto | cpu | cuda.
         threads: torch intra-op threads (0 = torch default).
+        calibration_bins: equal-width confidence bins of ECE and the reliability diagram.
+        nota_rates: fractions of NOTA queries, each in [0, 1) (empty: no NOTA episodes).
+        nota_settings: settings (K >= 1) that get NOTA episodes.
+        nota_episodes: validation NOTA episodes per setting and split, to choose thresholds
+            on (the test NOTA episodes are the setting's ``episodes`` test episodes).
     """
 
-    methods: tuple[str, ...] = METHODS
-    settings: tuple[str, ...] = ("5w1s", "5w5s", "10w1s", "10w5s", "5w0s", "10w0s")
-    episodes: int = 1000
-    queries: int = 5
-    seed: int = 1
-    splits: tuple[str, ...] = ()
-    floor: bool = True
-    batch_episodes: int = 250
-    encode_batch: int = 64
-    device: str = "auto"
-    threads: int = 1
+    methods: tuple[Method, ...]
+    settings: tuple[str, ...]
+    episodes: int = field(ge=1)
+    queries: int = field(ge=1)
+    seed: int
+    splits: tuple[str, ...]
+    floor: bool
+    batch_episodes: int = field(ge=1)
+    encode_batch: int = field(ge=1)
+    device: str
+    threads: int = field(ge=0)
+    calibration_bins: int = field(ge=1)
+    nota_rates: tuple[float, ...] = field(ge=0.0, lt=1.0)
+    nota_settings: tuple[str, ...]
+    nota_episodes: int = field(ge=1)
 
-    @classmethod
-    def from_params(cls, section: dict[str, Any]) -> EvalConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(section) - names)
-        if unknown:
-            raise PipelineError(f"params.yaml evaluate section has unknown keys {unknown}")
-        cfg = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in section.items()})
-        bad = [m for m in cfg.methods if m not in METHODS]
-        if bad:
-            raise PipelineError(f"evaluate.methods has unknown {bad}; use some of {METHODS}")
-        for s in cfg.settings:
+    def __post_init__(self) -> None:
+        for s in (*self.settings, *self.nota_settings):
             Setting.parse(s)
-        if cfg.episodes < 1:
-            raise PipelineError("evaluate.episodes must be >= 1 (1000 for the paper's protocol)")
-        return cfg
+        if not self.methods:
+            raise ValueError("evaluate.methods must name at least one method")
+        for s in self.nota_settings:
+            if Setting.parse(s).shots == 0:
+                raise ValueError(f"evaluate.nota_settings has {s}; NOTA needs K >= 1 shots")
+
+    @property
+    def nota(self) -> bool:
+        return bool(self.nota_rates and self.nota_settings)
 
 
-def _floor_encoder(like: EncoderConfig, device: str) -> SentenceEncoder:
-    """The frozen pre-trained encoder with entity-mean pooling.
+def nota_key(setting: str, rate: float) -> str:
+    """Metric key of a NOTA cell: ``5w1s_r15`` for rate 0.15 (no dot inside a DVC key)."""
+    return f"{setting}_r{round(rate * 100):d}"
 
-    It keeps the trained models' markers and split point so that it shares their cache of
-    frozen-layer states (unless they cache top-layer keys/values instead).
+
+def check_trained_on(payload: dict[str, Any], split_dir: Path, digests: dict[str, Any],
+                     path: Path) -> None:
+    """Refuse a model whose stored split digests are not those of ``split_dir``."""
+    inputs = (payload.get("params") or {}).get("inputs") or {}
+    for part, digest in digests.items():
+        if part not in inputs:
+            raise PipelineError(f"{path} records no digest of its {part}.parquet, so it cannot "
+                                f"be checked against {split_dir}; retrain it (dvc repro train)")
+        if inputs[part] != digest:
+            raise PipelineError(
+                f"{path} was trained on another split than {split_dir} (its {part}.parquet "
+                f"differs); retrain it on {split_dir.name} (dvc repro train) or pass the "
+                "--splits and --models folders that belong together")
+
+
+def cell(scores: EpisodeScores, bins: int) -> dict[str, Any]:
+    """Per-split numbers of one method and setting (see :func:`pipeline.report.summarise`)."""
+    conf, hit = scores.confidence, scores.correct
+    return {"episodes": scores.accuracy(), "ece": expected_calibration_error(conf, hit, bins),
+            "aurc": aurc(conf, hit), "curve": selective_accuracy(conf, hit, report.COVERAGES),
+            "bins": reliability_bins(conf, hit, bins)}
+
+
+def _generator(device: Any, *key: int) -> torch.Generator:
+    # Seeded per split and setting: sampling heads repeat, and every method sees the same
+    # noise stream (the episodes themselves are shared anyway).
+    seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+class SplitEpisodes:
+    """Every episode of one split: plain test episodes, and NOTA ones on test and validation.
+
+    NOTA test episodes are the plain test episodes of their setting with outside queries in
+    place of some inside ones, so one draw of posterior samples per episode (they depend on
+    the support only) scores both, and NOTA numbers are paired with the plain ones.
     """
-    cfg = dataclasses.replace(like, pooling="entity_mean", dropout=0.0, freeze_top_kv=False,
-                              normalize=0.0)
-    return SentenceEncoder.from_config(cfg).to(device).eval()
+
+    def __init__(self, split_dir: Path, cfg: EvalConfig, split_index: int) -> None:
+        self.cfg, self.index = cfg, split_index
+        test = read_parquet(split_dir / "test.parquet", FEWSHOT_SCHEMA)
+        self.n_test = test.num_rows
+        self.test = EpisodeSampler(test.column("relation").to_pylist(),
+                                   f"{split_dir.name} test split")
+        #: Settings that need a model: the reported ones, then NOTA-only ones.
+        self.settings = [Setting.parse(n) for n in dict.fromkeys(
+            [*cfg.settings, *(cfg.nota_settings if cfg.nota else ())])]
+        self.plain = {}
+        for s in self.settings:
+            rng = np.random.default_rng([cfg.seed, split_index, self.key(s.name)])
+            self.plain[s.name] = self.test.sample(rng, s.ways, s.shots, cfg.queries, cfg.episodes)
+        self.table, self.val = test, None
+        self.nota_test: dict[str, list[NotaEpisodes]] = {}
+        self.nota_val: dict[str, list[NotaEpisodes]] = {}
+        if not cfg.nota:
+            return
+        if not (split_dir / "val.parquet").is_file():
+            raise PipelineError(f"{split_dir} has no val.parquet to choose NOTA thresholds on; "
+                                "rerun the split stage or set evaluate.nota_rates to []")
+        val = read_parquet(split_dir / "val.parquet", FEWSHOT_SCHEMA)
+        self.val = EpisodeSampler(val.column("relation").to_pylist(),
+                                  f"{split_dir.name} validation split")
+        self.table = pa.concat_tables([test, val])  # val rows follow the test rows
+        for i, name in enumerate(cfg.nota_settings):
+            s = Setting.parse(name)
+            val_ways = min(s.ways, len(self.val.relations) - 1)
+            base = self.val.sample(np.random.default_rng([cfg.seed, split_index, 2000 + i]),
+                                   val_ways, s.shots, cfg.queries, cfg.nota_episodes)
+            self.nota_test[name] = [
+                sample_nota(self.test, np.random.default_rng([cfg.seed, split_index, 1000 + i,
+                                                              j]), self.plain[name], rate)
+                for j, rate in enumerate(cfg.nota_rates)]
+            self.nota_val[name] = [
+                sample_nota(self.val, np.random.default_rng([cfg.seed, split_index, 2000 + i, j]),
+                            base, rate) for j, rate in enumerate(cfg.nota_rates)]
+
+    def key(self, name: str) -> int:
+        """Seed key of a setting: its index in ``settings``, NOTA-only ones from 1000."""
+        if name in self.cfg.settings:
+            return self.cfg.settings.index(name)
+        return 1000 + self.cfg.nota_settings.index(name)
+
+    def score(self, head: torch.nn.Module, enc: torch.Tensor,
+              rows_of: Callable[[list[str]], torch.Tensor], settings: list[str],
+              bins: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Cells of ``settings`` and the NOTA cells among them, for one head.
+
+        Args:
+            head: the method's head, in eval mode.
+            enc: encodings of :attr:`table` (test rows, then validation rows).
+            rows_of: relation ids -> graph rows (``FewShotModel.rows``).
+            settings: setting names to score.
+            bins: calibration bins.
+        """
+        cfg, cells, nota = self.cfg, {}, {}
+        test_enc, test_rows = enc[: self.n_test], rows_of(self.test.relations)
+        for name in settings:
+            ep, extra = self.plain[name], self.nota_test.get(name, [])
+            query, label = flat_queries(ep.query)
+            width = query.shape[1]
+            # The seeded generator is consumed by the support's samples only, so plain scores
+            # do not change when NOTA queries ride along.
+            log_p, _ = score_episodes(
+                head, test_enc, ep.relation, ep.support,
+                np.concatenate([query, *(e.query for e in extra)], 1),
+                np.concatenate([label, *(e.label for e in extra)], 1), test_rows,
+                cfg.batch_episodes, _generator(enc.device, cfg.seed, self.index, self.key(name)))
+            if name in cfg.settings:
+                cells[name] = cell(scores_from_log_probs(log_p[:, :width], label), bins)
+            if not extra:
+                continue
+            val_eps = self.nota_val[name]
+            i = cfg.nota_settings.index(name)
+            val_log_p, _ = score_episodes(
+                head, enc[self.n_test:], val_eps[0].relation, val_eps[0].support,
+                np.concatenate([e.query for e in val_eps], 1),
+                np.concatenate([e.label for e in val_eps], 1), rows_of(self.val.relations),
+                cfg.batch_episodes, _generator(enc.device, cfg.seed, self.index, 2000 + i))
+            for j, rate in enumerate(cfg.nota_rates):
+                m, mv = extra[j].query.shape[1], val_eps[j].query.shape[1]  # fewer val ways
+                val_scores = scores_from_log_probs(val_log_p[:, j * mv:(j + 1) * mv],
+                                                   val_eps[j].label)
+                threshold = best_threshold(val_scores)
+                start = width + j * m
+                test_scores = scores_from_log_probs(log_p[:, start:start + m], extra[j].label)
+                nota[nota_key(name, rate)] = {
+                    "acc": float(nota_correct(test_scores, threshold).mean() * 100),
+                    "threshold": threshold,
+                    "abstained": float((test_scores.confidence < threshold).mean()),
+                    "outside": float((extra[j].label == OUTSIDE).mean()),
+                    "val_ways": int(val_eps[j].relation.shape[1])}
+        return cells, nota
 
 
-def evaluate_split(
-    split_dir: Path,
-    models_dir: Path,
-    cfg: EvalConfig,
-    device: str,
-    cache: LowerCache,
-    split_index: int,
-) -> dict[str, dict[str, np.ndarray]]:
-    """Per-episode accuracies ``{method: {setting: (episodes,)}}`` on one split's test set."""
-    table = read_parquet(split_dir / "test.parquet", FEWSHOT_SCHEMA)
-    relations = table.column("relation").to_pylist()
-    sampler = EpisodeSampler(relations, f"{split_dir.name} test split")
-    settings = [Setting.parse(s) for s in cfg.settings]
-    episodes = {}
-    for i, s in enumerate(settings):
-        rng = np.random.default_rng([cfg.seed, split_index, i])
-        episodes[s.name] = sampler.sample(rng, s.ways, s.shots, cfg.queries, cfg.episodes)
-    out: dict[str, dict[str, np.ndarray]] = {}
+def _no_graph(relations: list[str]) -> torch.Tensor:
+    return torch.full((len(relations),), -1)
+
+
+def evaluate_split(split_dir: Path, models_dir: Path, cfg: EvalConfig, device: str,
+                   cache: LowerCache, split_index: int,
+                   check_split: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Cells ``{method: {setting: cell}}`` and NOTA cells ``{method: {key: cell}}`` of a split.
+
+    ``check_split=False`` scores data that is not the models' own split (``regrab-score``).
+    """
+    eps = SplitEpisodes(split_dir, cfg, split_index)
+    digests = {part: file_digest(split_dir / f"{part}.parquet") for part in ("train", "val")}
+    cells: dict[str, dict[str, Any]] = {}
+    nota: dict[str, dict[str, Any]] = {}
     tokens: dict[tuple, Any] = {}
     encoder_cfg = None
     for method in cfg.methods:
-        out[method] = {}
-        loaded: dict[Path, tuple] = {}
-        for s in settings:
+        cells[method], nota[method] = {}, {}
+        by_path: dict[Path, list[str]] = {}
+        for s in eps.settings:
             # The paper's protocol keeps one model per setting ({method}/{setting}/model.pt);
             # the default keeps one model per method for every setting.
             path = models_dir / split_dir.name / method / s.name / "model.pt"
@@ -138,104 +298,57 @@ def evaluate_split(
                     f"{path} is missing; train {method} on {split_dir.name} (dvc repro train) "
                     "or drop it from evaluate.methods"
                 )
-            if path not in loaded:
-                model, _ = load_checkpoint(path, device)
-                model.eval()
-                encoder_cfg = model.encoder.config
-                key = (encoder_cfg.name, encoder_cfg.markers, encoder_cfg.max_length)
-                if key not in tokens:
-                    tokens[key] = model.encoder.tokenize(table)
-                if model.prior is not None:
-                    model.prior.coverage(sampler.relations, f"{split_dir.name} test")
-                enc = encode_all(model.encoder, tokens[key], cache, cfg.encode_batch)
-                loaded = {path: (model, enc)}  # keep one model in memory at a time
-            model, enc = loaded[path]
-            if s.shots == 0 and model.prior is None:
-                continue
-            out[method][s.name] = episode_accuracy(
-                model.head, enc, episodes[s.name], model.rows(sampler.relations),
-                cfg.batch_episodes
-            )
+            by_path.setdefault(path, []).append(s.name)
+        for path, names in by_path.items():  # one model in memory at a time
+            model, payload = load_model(path, device)
+            if check_split:
+                check_trained_on(payload, split_dir, digests, path)
+            model.eval()
+            encoder_cfg = model.encoder.config
+            key = (encoder_cfg.name, encoder_cfg.markers, encoder_cfg.max_length)
+            if key not in tokens:
+                tokens[key] = model.encoder.tokenize(eps.table)
+            if model.prior is not None:
+                model.prior.coverage(eps.test.relations, f"{split_dir.name} test")
+                if eps.val is not None:
+                    model.prior.coverage(eps.val.relations, f"{split_dir.name} validation")
+            enc = encode_all(model.encoder, tokens[key], cache, cfg.encode_batch)
+            names = [n for n in names if Setting.parse(n).shots > 0 or model.prior is not None]
+            c, n = eps.score(model.head, enc, model.rows, names, cfg.calibration_bins)
+            cells[method].update(c)
+            nota[method].update(n)
     if cfg.floor:
-        like = encoder_cfg or EncoderConfig()
-        floor = _floor_encoder(like, device)
-        key = (like.name, like.markers, like.max_length)
-        tok = tokens.get(key) or floor.tokenize(table)
-        enc = torch.nn.functional.normalize(encode_all(floor, tok, cache, cfg.encode_batch), dim=-1)
-        head = PrototypeHead(LangevinConfig(similarity="dot", temperature=1.0)).eval()
-        rows = torch.full((len(sampler.relations),), -1)
-        out[FLOOR] = {s.name: episode_accuracy(head, enc, episodes[s.name], rows,
-                                               cfg.batch_episodes)
-                      for s in settings if s.shots > 0}
-    return out
-
-
-def summarise(per_split: dict[str, dict[str, dict[str, np.ndarray]]]) -> dict[str, Any]:
-    """``{method: {setting: {"acc", "ci95"}}}`` pooling the episodes of every split."""
-    methods: dict[str, dict[str, list[np.ndarray]]] = {}
-    for split in per_split.values():
-        for method, settings in split.items():
-            for name, acc in settings.items():
-                methods.setdefault(method, {}).setdefault(name, []).append(acc)
-    result = {}
-    for method, settings in methods.items():
-        result[method] = {}
-        for name, accs in settings.items():
-            acc, ci = mean_ci95(np.concatenate(accs))
-            result[method][name] = {"acc": round(acc, 2), "ci95": round(ci, 2)}
-    return result
-
-
-def markdown_table(metrics: dict[str, Any], settings: list[str], note: str = "") -> str:
-    """Results as a markdown table (rows methods, columns settings, ``acc ± ci95``)."""
-    lines = ["| method | " + " | ".join(settings) + " |",
-             "|---|" + "---:|" * len(settings)]
-    for method, row in metrics.items():
-        cells = [f"{row[s]['acc']:.2f} ± {row[s]['ci95']:.2f}" if s in row else "–"
-                 for s in settings]
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + ("\n\n" + note if note else "") + "\n"
-
-
-def plot(metrics: dict[str, Any], settings: list[str], path: Path) -> None:
-    """Grouped bar chart, methods x settings, with 95% intervals."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = list(metrics)
-    width = 0.8 / max(1, len(methods))
-    fig, ax = plt.subplots(figsize=(1.4 * len(settings) + 2, 4))
-    x = np.arange(len(settings))
-    for i, m in enumerate(methods):
-        acc = [metrics[m].get(s, {}).get("acc", np.nan) for s in settings]
-        ci = [metrics[m].get(s, {}).get("ci95", 0.0) for s in settings]
-        ax.bar(x + (i - (len(methods) - 1) / 2) * width, acc, width, yerr=ci, label=m,
-               capsize=2)
-    ax.set_xticks(x, settings)
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title("NYT-25 test, mean over splits")
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+        floor = floor_encoder(encoder_cfg, device)
+        key = (encoder_cfg.name, encoder_cfg.markers, encoder_cfg.max_length)
+        tok = tokens.get(key) or floor.tokenize(eps.table)
+        enc = encode_all(floor, tok, cache, cfg.encode_batch)
+        cells[FLOOR], nota[FLOOR] = eps.score(
+            CosinePrototypeHead(1.0).eval(), enc, _no_graph,
+            [s.name for s in eps.settings if s.shots > 0], cfg.calibration_bins)
+    return cells, nota
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--splits", type=Path, required=True)
     parser.add_argument("--models", type=Path, required=True)
-    parser.add_argument("--metrics", type=Path, required=True)
-    parser.add_argument("--plot", type=Path, required=True)
+    parser.add_argument("--metrics", type=Path, required=True,
+                        help="DVC metrics: headline accuracies, paired diffs, ECE, NOTA")
+    parser.add_argument("--plot", type=Path, required=True, help="accuracy bar chart (PNG)")
     parser.add_argument("--table", type=Path, default=None,
-                        help="markdown table (default: metrics path with .md)")
+                        help="markdown tables (default: metrics path with .md)")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="full report JSON (default: <metrics stem>_report.json)")
+    parser.add_argument("--reliability", type=Path, default=None,
+                        help="reliability diagrams (default: <plot stem>_reliability.png)")
+    parser.add_argument("--selective", type=Path, default=None,
+                        help="selective-prediction curves CSV (default: <plot stem>_selective.csv)")
+    parser.add_argument("--benchmark", default="nyt25",
+                        help="name of the benchmark: prefix of the headline metrics, plot title")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = EvalConfig.from_params(load_params(args.params, "evaluate"))
+    cfg = load_section(EvalConfig, "evaluate", args.params)
     set_threads(cfg.threads)
     device = select_device(cfg.device)
     if not args.splits.is_dir():
@@ -246,25 +359,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise PipelineError(f"no split in {args.splits} has models in {args.models}; train first")
     t0 = time.perf_counter()
     cache = LowerCache()
-    per_split = {}
+    per_split, nota = {}, {}
     with torch.no_grad():
         for i, name in enumerate(names):
-            per_split[name] = evaluate_split(args.splits / name, args.models, cfg, device,
-                                             cache, int(name.rsplit("_", 1)[-1])
-                                             if name.rsplit("_", 1)[-1].isdigit() else i)
+            tail = name.rsplit("_", 1)[-1]
+            per_split[name], nota[name] = evaluate_split(
+                args.splits / name, args.models, cfg, device, cache,
+                int(tail) if tail.isdigit() else i)
             log.info("%s evaluated (%.0f s so far)", name, time.perf_counter() - t0)
-    metrics = summarise(per_split)
+    summary = report.summarise(per_split, nota)
+    metrics = report.headline_metrics(summary, args.benchmark, tuple(cfg.methods))
     settings = list(cfg.settings)
-    write_json(metrics, args.metrics)
-    write_json({name: summarise({name: res}) for name, res in per_split.items()},
-               args.metrics.with_name(args.metrics.stem + "_splits.json"))
-    note = (f"NYT-25 test relations, {len(names)} split(s), {cfg.episodes} episodes per setting "
-            f"and split, {cfg.queries} queries per way; accuracy % ± 95% CI. `floor`: frozen "
-            "encoder, entity-mean pooling, cosine prototypes (no training).")
-    table = args.table or args.metrics.with_suffix(".md")
-    with atomic_path(table) as tmp:
-        tmp.write_text(markdown_table(metrics, settings, note))
-    plot(metrics, settings, args.plot)
+    report.write_json_ordered(metrics, args.metrics)
+    report.write_json_ordered(summary, args.report or args.metrics.with_name(
+        args.metrics.stem + "_report.json"))
+    note = (f"Test relations of {len(names)} split(s), {cfg.episodes} episodes per setting "
+            f"and split, {cfg.queries} queries per way. `floor`: frozen pre-trained encoder, "
+            "entity-mean pooling, cosine similarity to the renormalised mean of the unit "
+            "support encodings (no training); its ECE reflects an arbitrary temperature of 1 "
+            "and is no calibration claim, its AURC (a ranking measure) is comparable.")
+    with atomic_path(args.table or args.metrics.with_suffix(".md")) as tmp:
+        tmp.write_text(report.markdown_report(summary, settings, note))
+    report.plot_accuracy(summary, settings, args.plot, args.benchmark)
+    report.plot_reliability(summary, list(cfg.methods), settings, args.reliability or
+                            args.plot.with_name(args.plot.stem + "_reliability.png"))
+    report.write_selective_csv(summary, args.selective or
+                               args.plot.with_name(args.plot.stem + "_selective.csv"))
     log.info("evaluate done in %.0f s", time.perf_counter() - t0)
     return metrics
 

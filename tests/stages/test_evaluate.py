@@ -1,99 +1,132 @@
+import csv
 import json
+import shutil
 
+import pytest
 import yaml
 
+from pipeline.errors import PipelineError
+from pipeline.io import write_parquet
+from pipeline.schemas import FEWSHOT_SCHEMA
 from stages import evaluate, train
-from tests.model.tiny_regrab import tiny_encoder, toy_graph, toy_splits
+from tests.conftest import project_params
+from tests.model.tiny_regrab import tiny_encoder, toy_graph, toy_splits, toy_table
+
+TRAIN = {"steps": 3, "ways": [2, 3], "shots": [1, 2], "queries": 2, "val_every": 3,
+         "val_episodes": 5, "val_settings": ["2w1s"], "dvclive": False, "device": "cpu"}
 
 
-def test_tiny_end_to_end_writes_metrics(tmp_path):
-    enc = tiny_encoder(tmp_path / "bert")
-    splits = toy_splits(tmp_path / "splits", n_splits=2)
+def _train(tmp_path, splits, params):
     graph, features = toy_graph(tmp_path)
-    settings = ["2w1s", "3w2s", "3w0s"]
-    params = {
-        "model": {"encoder": str(enc), "train_layers": 1, "freeze_top_kv": True,
-                  "normalize": 5.0, "samples": 2, "langevin_steps": 2},
-        "train": {
-            "steps": 3,
-            "ways": [2, 3],
-            "shots": [1, 2],
-            "queries": 2,
-            "val_every": 3,
-            "val_episodes": 5,
-            "val_settings": ["2w1s"],
-            "dvclive": False,
-            "device": "cpu",
-        },
-        "evaluate": {"settings": settings, "episodes": 20, "queries": 2, "device": "cpu"},
-    }
     p = tmp_path / "params.yaml"
     p.write_text(yaml.safe_dump(params))
-    train.main(
-        [
-            "--splits",
-            str(splits),
-            "--graph",
-            str(graph),
-            "--features",
-            str(features),
-            "--out",
-            str(tmp_path / "models"),
-            "--params",
-            str(p),
-        ]
-    )
-    metrics_path = tmp_path / "metrics" / "nyt25.json"
-    out = evaluate.main(
-        [
-            "--splits",
-            str(splits),
-            "--models",
-            str(tmp_path / "models"),
-            "--metrics",
-            str(metrics_path),
-            "--plot",
-            str(tmp_path / "plots" / "nyt25.png"),
-            "--params",
-            str(p),
-        ]
-    )
-    metrics = json.loads(metrics_path.read_text())
+    train.main(["--splits", str(splits), "--graph", str(graph), "--features", str(features),
+                "--out", str(tmp_path / "models"), "--params", str(p)])
+    return p
+
+
+def _evaluate(tmp_path, splits, p, name="nyt25"):
+    return evaluate.main([
+        "--splits", str(splits), "--models", str(tmp_path / "models"),
+        "--metrics", str(tmp_path / "metrics" / f"{name}.json"),
+        "--plot", str(tmp_path / "plots" / f"{name}.png"), "--params", str(p)])
+
+
+def test_tiny_end_to_end_writes_metrics_reports_and_plots(tmp_path):
+    enc = tiny_encoder(tmp_path / "bert")
+    splits = toy_splits(tmp_path / "splits", n_splits=2)
+    settings = ["2w1s", "3w2s", "3w0s"]
+    params = project_params(**{
+        "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
+                              "normalize": 5.0}, "langevin": {"samples": 2, "steps": 2}},
+        "train": TRAIN,
+        "evaluate": {"settings": settings, "episodes": 20, "queries": 2, "device": "cpu",
+                     "nota_settings": ["2w1s"], "nota_rates": [0.25, 0.5],
+                     "nota_episodes": 10},
+    })
+    p = _train(tmp_path, splits, params)
+    out = _evaluate(tmp_path, splits, p)
+    metrics = json.loads((tmp_path / "metrics" / "nyt25.json").read_text())
     assert metrics == out
-    assert set(metrics) == {"regrab", "regrab_no_prior", "mtb", "proto", "floor"}
-    assert set(metrics["regrab"]) == set(settings)  # zero-shot only for regrab
+    assert list(metrics) == ["nyt25", "paired", "ece", "nota"]
+    acc = metrics["nyt25"]
+    assert set(acc) == {"regrab", "regrab_no_prior", "mtb", "proto", "floor"}
+    assert set(acc["regrab"]) == set(settings)  # zero-shot only for regrab
     for method in ("regrab_no_prior", "mtb", "proto", "floor"):
-        assert set(metrics[method]) == {"2w1s", "3w2s"}
-    for row in metrics.values():
-        for cell in row.values():
-            assert set(cell) == {"acc", "ci95"} and 0 <= cell["acc"] <= 100
-    assert (tmp_path / "plots" / "nyt25.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| regrab |" in (tmp_path / "metrics" / "nyt25.md").read_text()
-    per_split = json.loads((tmp_path / "metrics" / "nyt25_splits.json").read_text())
-    assert set(per_split) == {"split_0", "split_1"}
+        assert set(acc[method]) == {"2w1s", "3w2s"}
+    assert all(0 <= v <= 100 for row in acc.values() for v in row.values())
+    assert set(metrics["paired"]) == {f"{m}_minus_regrab" for m in
+                                      ("regrab_no_prior", "mtb", "proto", "floor")}
+    diff = metrics["paired"]["mtb_minus_regrab"]["2w1s"]
+    assert set(diff) == {"diff", "ci95"}
+    assert diff["diff"] == pytest.approx(acc["mtb"]["2w1s"] - acc["regrab"]["2w1s"], abs=0.02)
+    assert set(metrics["ece"]) == {"regrab", "regrab_no_prior", "mtb", "proto"}  # no floor
+    assert set(metrics["nota"]["floor"]) == {"2w1s_r25", "2w1s_r50"}
+    full = json.loads((tmp_path / "metrics" / "nyt25_report.json").read_text())
+    assert full["splits"] == ["split_0", "split_1"]
+    cell = full["accuracy"]["regrab"]["2w1s"]
+    assert cell["n_splits"] == 2 and set(cell["per_split"]) == {"split_0", "split_1"}
+    assert cell["episodes"] == 40 and cell["pooled_ci95"] > 0
+    thresholds = full["nota"]["mtb"]["2w1s_r50"]["per_split"]["split_0"]
+    assert set(thresholds) == {"acc", "threshold", "abstained", "outside", "val_ways"}
+    assert thresholds["outside"] == 0.5 and thresholds["val_ways"] == 1  # toy val: 2 relations
+    assert len(full["calibration"]["proto"]["3w2s"]["bins"]["count"]) == 15
+    md = (tmp_path / "metrics" / "nyt25.md").read_text()
+    assert "| regrab |" in md and "t 95% CI" in md and "None-of-the-above" in md
+    plots = tmp_path / "plots"
+    for png in ("nyt25.png", "nyt25_reliability.png"):
+        assert (plots / png).read_bytes()[:4] == b"\x89PNG"
+    rows = list(csv.DictReader((plots / "nyt25_selective.csv").open()))
+    assert len(rows) == 100 and "regrab_3w0s" in rows[0] and "floor_2w1s" in rows[0]
+    # NOTA queries ride along with the plain episodes: without them nothing else changes.
+    params["evaluate"]["nota_rates"] = []
+    p.write_text(yaml.safe_dump(params))
+    plain = _evaluate(tmp_path, splits, p, "plain")
+    assert plain["nyt25"] == metrics["nyt25"] and plain["ece"] == metrics["ece"]
+    assert "nota" not in plain
 
 
 def test_paper_protocol_one_model_per_setting(tmp_path):
     enc = tiny_encoder(tmp_path / "bert")
     splits = toy_splits(tmp_path / "splits")
-    graph, features = toy_graph(tmp_path)
-    params = {
-        "model": {"encoder": str(enc), "train_layers": -1, "samples": 2, "langevin_steps": 1},
+    params = project_params(**{
+        "model": {"encoder": {"name": str(enc), "train_layers": -1, "freeze_top_kv": False},
+                  "langevin": {"samples": 2, "steps": 1}},
         "train": {"methods": ["regrab", "mtb"], "steps": 2, "queries": 2, "val_every": 2,
                   "val_episodes": 3, "val_settings": ["2w1s"], "dvclive": False,
                   "per_setting": ["2w1s", "3w0s"], "device": "cpu"},
         "evaluate": {"methods": ["regrab", "mtb"], "settings": ["2w1s", "3w0s"],
-                     "episodes": 5, "queries": 2, "floor": False, "device": "cpu"},
-    }
-    p = tmp_path / "params.yaml"
-    p.write_text(yaml.safe_dump(params))
-    train.main(["--splits", str(splits), "--graph", str(graph), "--features", str(features),
-                "--out", str(tmp_path / "models"), "--params", str(p)])
+                     "episodes": 5, "queries": 2, "floor": False, "device": "cpu",
+                     "nota_rates": []},
+    })
+    p = _train(tmp_path, splits, params)
     models = tmp_path / "models" / "split_0"
     assert (models / "regrab" / "2w1s" / "model.pt").exists()
     assert (models / "regrab" / "3w0s" / "model.pt").exists()
     assert not (models / "mtb" / "3w0s").exists()  # no zero-shot model without a prior
-    out = evaluate.main(["--splits", str(splits), "--models", str(tmp_path / "models"),
-                         "--metrics", str(tmp_path / "m.json"), "--plot",
-                         str(tmp_path / "p.png"), "--params", str(p)])
-    assert set(out["regrab"]) == {"2w1s", "3w0s"} and set(out["mtb"]) == {"2w1s"}
+    out = _evaluate(tmp_path, splits, p)
+    assert set(out["nyt25"]["regrab"]) == {"2w1s", "3w0s"} and set(out["nyt25"]["mtb"]) == {
+        "2w1s"}
+    assert "nota" not in out
+
+
+def test_refuses_a_model_trained_on_another_split(tmp_path):
+    enc = tiny_encoder(tmp_path / "bert")
+    splits = toy_splits(tmp_path / "splits")
+    params = project_params(**{
+        "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": False}},
+        "train": {**TRAIN, "methods": ["mtb"], "steps": 1, "val_every": 1},
+        "evaluate": {"methods": ["mtb"], "settings": ["2w1s"], "episodes": 3, "queries": 2,
+                     "floor": False, "device": "cpu", "nota_rates": []},
+    })
+    p = _train(tmp_path, splits, params)
+    assert "nyt25" in _evaluate(tmp_path, splits, p)  # its own split is fine
+    other = tmp_path / "other"
+    shutil.copytree(splits, other)
+    write_parquet(toy_table(["P6", "P1", "P2"], 12, seed=99), other / "split_0" / "train.parquet",
+                  FEWSHOT_SCHEMA)
+    with pytest.raises(PipelineError) as err:
+        _evaluate(tmp_path, other, p)
+    message = str(err.value)
+    assert "\n" not in message and "split_0" in message and "model.pt" in message
+    assert "trained on another split" in message and "retrain" in message

@@ -1,0 +1,103 @@
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pipeline import report
+
+
+@pytest.mark.parametrize("df,value", [(1, 12.7062047), (2, 4.3026527), (4, 2.7764451),
+                                      (9, 2.2621572), (30, 2.0422725)])
+def test_t_quantile_matches_tables(df, value):
+    assert report.t_quantile(0.975, df) == pytest.approx(value, abs=1e-6)
+
+
+def test_t_quantile_tends_to_the_normal():
+    assert report.t_quantile(0.975, 100000) == pytest.approx(1.959964, abs=1e-4)
+
+
+def test_interval_over_splits_against_numpy():
+    v = np.array([66.2, 70.1, 58.3, 61.0, 75.4])
+    iv = report.interval(v)
+    assert iv["mean"] == pytest.approx(v.mean())
+    assert iv["ci95"] == pytest.approx(2.7764451 * np.std(v, ddof=1) / math.sqrt(5), rel=1e-6)
+    assert iv["n_splits"] == 5
+    assert report.interval([3.0])["ci95"] is None
+    assert report.interval([])["mean"] is None
+
+
+def _cell(acc, ece=5.0):
+    episodes = np.asarray(acc, dtype=np.float64)
+    return {"episodes": episodes, "ece": ece, "aurc": 10.0,
+            "curve": np.full(len(report.COVERAGES), episodes.mean() * 100),
+            "bins": {"count": np.array([1, 1]), "confidence": np.array([0.3, 0.9]),
+                     "correct": np.array([0.0, 1.0])}}
+
+
+def _per_split():
+    rng = np.random.default_rng(0)
+    out = {}
+    for i in range(4):
+        reg = rng.random(20)
+        out[f"split_{i}"] = {
+            "regrab": {"5w1s": _cell(reg), "5w0s": _cell(rng.random(20))},
+            "mtb": {"5w1s": _cell(np.clip(reg + rng.normal(0, 0.2, 20), 0, 1), ece=7.0 + i)},
+        }
+    return out
+
+
+def test_paired_differences_against_numpy():
+    per_split = _per_split()
+    summary = report.summarise(per_split, {})
+    means = {m: np.array([per_split[s][m]["5w1s"]["episodes"].mean() * 100
+                          for s in per_split]) for m in ("regrab", "mtb")}
+    diff = means["mtb"] - means["regrab"]
+    cell = summary["paired"]["mtb_minus_regrab"]["5w1s"]
+    assert cell["diff"] == pytest.approx(diff.mean())
+    assert cell["ci95"] == pytest.approx(
+        report.t_quantile(0.975, 3) * diff.std(ddof=1) / 2, rel=1e-9)
+    assert cell["wins"] == int((diff > 0).sum()) and cell["n_splits"] == 4
+    assert "5w0s" not in cell  # no zero-shot mtb
+    acc = summary["accuracy"]["regrab"]["5w1s"]
+    assert acc["mean"] == pytest.approx(means["regrab"].mean())
+    pooled = np.concatenate([per_split[s]["regrab"]["5w1s"]["episodes"] for s in per_split])
+    assert acc["pooled_ci95"] == pytest.approx(1.96 * pooled.std(ddof=1) / math.sqrt(80) * 100)
+    ece = summary["calibration"]["mtb"]["5w1s"]["ece"]
+    assert ece["mean"] == pytest.approx(8.5) and ece["n_splits"] == 4
+    bins = summary["calibration"]["mtb"]["5w1s"]["bins"]  # summed over 4 splits
+    assert bins["count"] == [4, 4] and bins["accuracy"] == [0.0, 1.0]
+    assert bins["confidence"] == pytest.approx([0.3, 0.9])
+
+
+def test_headline_metrics_are_a_flat_scannable_table(tmp_path):
+    nota = {f"split_{i}": {"regrab": {"5w1s_r15": {"acc": 60.0 + i, "threshold": 0.5,
+                                                   "abstained": 0.2}}} for i in range(4)}
+    summary = report.summarise(_per_split(), nota)
+    metrics = report.headline_metrics(summary, "nyt25", ("regrab", "mtb"))
+    assert list(metrics) == ["nyt25", "paired", "ece", "nota"]
+    assert set(metrics["nyt25"]["regrab"]) == {"5w1s", "5w0s"}
+    assert isinstance(metrics["nyt25"]["mtb"]["5w1s"], float)  # accuracy only, no ci95 beside it
+    assert set(metrics["paired"]["mtb_minus_regrab"]["5w1s"]) == {"diff", "ci95"}
+    assert metrics["nota"]["regrab"]["5w1s_r15"] == pytest.approx(61.5)
+    path = tmp_path / "m.json"
+    report.write_json_ordered(metrics, path)
+    assert list(json.loads(path.read_text())) == ["nyt25", "paired", "ece", "nota"]
+    report.write_json_ordered({"a": float("nan"), "b": np.float32(1.5)}, path)
+    assert json.loads(path.read_text()) == {"a": None, "b": 1.5}
+
+
+def test_markdown_plots_and_selective_csv(tmp_path):
+    summary = report.summarise(_per_split(), {})
+    md = report.markdown_report(summary, ["5w1s", "5w0s"], "note")
+    assert "mean over 4 split(s) ± t 95% CI" in md and "| mtb_minus_regrab |" in md
+    assert "Pooled-episode 95% CI" in md and "| regrab | 5w1s |" in md
+    report.plot_accuracy(summary, ["5w1s", "5w0s"], tmp_path / "a.png", "NYT-25")
+    report.plot_reliability(summary, ["regrab", "mtb"], ["5w1s", "5w0s"], tmp_path / "r.png")
+    for name in ("a.png", "r.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    report.write_selective_csv(summary, tmp_path / "s.csv")
+    rows = list(csv.DictReader((tmp_path / "s.csv").open()))
+    assert len(rows) == 100 and rows[-1]["coverage"] == "1.00"
+    assert set(rows[0]) == {"coverage", "regrab_5w1s", "mtb_5w1s", "regrab_5w0s"}
