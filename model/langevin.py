@@ -1,76 +1,97 @@
-"""Stochastic gradient Langevin dynamics over prototype vectors (paper Eq. 9-10, appendix A).
+"""The posterior over prototypes and its Langevin sampler (paper Eq. 7-10, appendix A).
 
-The target is the posterior
-``log p(v | x_S, y_S, G) = (1/K) log p(y_S | x_S, v) + w * log N(v | h, I) + const``
-with the likelihood a softmax over similarities at temperature T (``logits = sim / T``). Its
-gradient has a closed form, so the sampler needs no autograd pass of its own and stays
-differentiable with respect to the support encodings and h (needed for end-to-end training):
+For an episode with N ways and K shots, the prototypes v = (v_1 .. v_N) have the posterior
 
-``grad_v_r = 1/(K T) sum_s (1[y_s = r] - p_sr) d sim(x_s, v_r)/d v_r - w (v_r - h_r)``
+    log p(v | x_S, y_S, G) = c * log p(y_S | x_S, v) + sum_r log N(v_r | h_r, lambda^-1 I) + const
 
-with ``d sim/d v = x`` for the dot product and ``x - v`` for ``sim = -||x - v||^2 / 2``.
+where h_r is the graph prior mean (:mod:`model.graph_prior`) and ``likelihood`` chooses the
+support term:
 
-One step: ``v <- v + eps/2 * grad + sqrt(eps) * z``. Samples start at
-``m_r + a * h_r - b * m`` (appendix A; a = b = 1 there).
+* ``gaussian`` (default): each support encoding is a draw around its prototype,
+  ``x ~ N(v_y, sigma^2 I)``, summed over the shots (c = 1). This posterior is Gaussian,
+  ``N(mu_r, s_r^2 I)`` with precision ``1/s_r^2 = lambda + K / sigma^2`` and mean
+  ``mu_r = s_r^2 (lambda h_r + K m_r / sigma^2)`` (m_r the support mean): the prior's pull
+  falls as K grows, and with ``lambda -> 0`` the mean is the support mean, i.e. proto's
+  prototype. lambda and sigma^2 are on the scale of the encodings; ``scales`` says where
+  they come from (see :class:`LangevinConfig`).
+* ``softmax``: the paper's Eq. 7, ``log softmax_r(sim(x, v_r) / T)`` summed over the shots.
+* ``softmax_mean``: the same averaged over the shots (c = 1/K). This is what the authors'
+  code and our first version did; it keeps the prior's weight fixed as K grows.
+
+SGLD (Welling and Teh, 2011) with a per-way preconditioner P_r:
+
+    v <- v + eps/2 * P grad + sqrt(eps * P) * z,        z ~ N(0, I)
+
+For ``gaussian``, ``P_r = s_r^2`` (the exact posterior variance), so the chain moves on the
+posterior's own scale: a step of eps = 1 halves the distance to the mean and the noise has
+the posterior's spread, whatever the encoding norm. For the softmax likelihoods P = 1 (the
+paper's update). Chains start at ``m_r + a * h_r - b * m`` (appendix A: a = b = 1). With
+K = 0 there is no support and the chains sample the prior, ``N(h_r, lambda^-1 I)``.
+
+Every step is differentiable with respect to the support encodings, h, lambda and sigma^2,
+so training reaches the encoder, the GCN and the scales through the samples.
 
 Shapes:
-    B episodes, S samples, N ways, K shots, D encoding size, M sentences (N * K or queries).
+    B episodes, S samples, N ways, K shots, Q queries, D encoding size.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from pipeline.errors import PipelineError
+from pipeline.config import field
 
-SIMILARITIES = ("dot", "euclidean")
+Likelihood = Literal["gaussian", "softmax", "softmax_mean"]
 
 
 @dataclass(frozen=True)
 class LangevinConfig:
-    """Sampler settings (``params.yaml`` section ``model``).
+    """Posterior and sampler settings (``params.yaml`` section ``model.langevin``).
 
     Attributes:
         samples: S posterior samples (paper: 10).
-        steps: M Langevin steps (paper: 5).
+        steps: Langevin steps (paper: 5).
         step_size: eps (paper: 0.1).
         step_decay: eps is multiplied by this after every step (1.0 = constant; the authors'
             code used 0.01, which freezes the chain after the first step).
         init_prior_weight: a in ``m_r + a * h_r - b * m``.
         init_mean_weight: b in the same formula.
-        temperature: T; logits are ``sim / T`` in the support and query likelihoods.
-        similarity: ``dot`` (paper) or ``euclidean`` (appendix C).
-        prior_weight: w, weight of log N(v | h, I) in the posterior (paper: 1).
-        noise_train: add sqrt(eps) z during training.
-        noise_eval: add it at evaluation too (off: deterministic, S collapses to one chain).
+        temperature: T; query logits are ``sim / T`` (and the softmax likelihoods' too).
+        similarity: ``dot`` (paper) or ``euclidean`` (``-||x - v||^2 / 2``, appendix C).
+        likelihood: ``gaussian``, ``softmax`` or ``softmax_mean`` (see the module doc).
+        prior_precision: lambda of ``N(v_r | h_r, lambda^-1 I)`` (the initial value unless
+            ``scales`` is ``fixed``).
+        likelihood_variance: sigma^2 of the ``gaussian`` likelihood (likewise; unused by the
+            softmax likelihoods).
+        scales: ``fixed`` (the two numbers above), ``learned`` (log lambda and log sigma^2
+            trained end to end by the few-shot loss) or ``heldout``: empirical Bayes on
+            relations the model is not trained on, re-estimated from the validation
+            relations at every validation (:func:`heldout_scales`), so lambda says how well
+            the prior predicts *unseen* relations, which is what test relations are.
+        noise_train: add the SGLD noise during training.
+        noise_eval: add it at evaluation (off: S collapses to one deterministic chain and
+            the predictive is a point estimate, not a posterior average).
     """
 
-    samples: int = 10
-    steps: int = 5
-    step_size: float = 0.1
-    step_decay: float = 1.0
-    init_prior_weight: float = 1.0
-    init_mean_weight: float = 1.0
-    temperature: float = 10.0
-    similarity: str = "dot"
-    prior_weight: float = 1.0
-    noise_train: bool = True
-    noise_eval: bool = False
-
-    def __post_init__(self) -> None:
-        if self.similarity not in SIMILARITIES:
-            raise PipelineError(
-                f"model.similarity={self.similarity!r} unknown; use one of {SIMILARITIES}"
-            )
-        if self.samples < 1 or self.steps < 0 or self.step_size < 0 or self.temperature <= 0:
-            raise PipelineError(
-                "model.samples >= 1, model.langevin_steps >= 0, model.step_size >= 0 and "
-                "model.temperature > 0 are required"
-            )
+    samples: int = field(ge=1)
+    steps: int = field(ge=0)
+    step_size: float = field(ge=0)
+    step_decay: float = field(ge=0)
+    init_prior_weight: float
+    init_mean_weight: float
+    temperature: float = field(gt=0)
+    similarity: Literal["dot", "euclidean"]
+    likelihood: Likelihood
+    prior_precision: float = field(ge=0)
+    likelihood_variance: float = field(gt=0)
+    scales: Literal["fixed", "learned", "heldout"]
+    noise_train: bool
+    noise_eval: bool
 
 
 def similarity_logits(
@@ -79,7 +100,7 @@ def similarity_logits(
     """Softmax logits ``sim(x, v) / T`` of every sentence against every prototype.
 
     Shapes:
-        x: (..., M, D), v: (..., N, D) -> (..., M, N)
+        x: (..., Q, D), v: (..., N, D) -> (..., Q, N)
     """
     if similarity == "dot":
         sim = x @ v.transpose(-1, -2)
@@ -105,6 +126,73 @@ def init_prototypes(
     return m_r + prior_weight * h - mean_weight * m
 
 
+def gaussian_posterior(
+    support: torch.Tensor, h: torch.Tensor, precision: torch.Tensor | float,
+    variance: torch.Tensor | float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Closed-form posterior of the ``gaussian`` likelihood: mean and per-way variance.
+
+    Shapes:
+        support: (B, N, K, D), h: (B, N, D) -> mean (B, N, D), variance (B, N, 1)
+    """
+    k = support.shape[2]
+    var = 1.0 / (precision + k / variance)  # scalar: every way has K shots
+    mean = var * (precision * h + support.sum(2) / variance)  # (B, N, D)
+    return mean, torch.as_tensor(var, dtype=h.dtype, device=h.device).expand(*h.shape[:2], 1)
+
+
+def log_evidence(
+    x: torch.Tensor, h: torch.Tensor, precision: torch.Tensor | float,
+    variance: torch.Tensor | float,
+) -> torch.Tensor:
+    """Log marginal likelihood of each way's sentences under the ``gaussian`` model.
+
+    With ``x_i ~ N(v, sigma^2 I)`` and ``v ~ N(h, lambda^-1 I)``, the n sentences of a way have
+    ``log p(x | h) = log N(m | h, (1/lambda + sigma^2/n) I) + log of the scatter term``, with m
+    their mean and the scatter ``sum_i ||x_i - m||^2 / sigma^2`` (up to constants in h,
+    lambda and sigma^2). Maximising it over h, lambda and sigma^2 is empirical Bayes: it
+    trains the prior mean to predict a relation's encodings and the scales to match their
+    spread, which the few-shot loss alone barely does once the support outweighs the prior.
+
+    Shapes:
+        x: (B, N, n, D) with n >= 1, h: (B, N, D) -> (B, N)
+    """
+    n, d = x.shape[2], x.shape[3]
+    m = x.mean(2)  # (B, N, D)
+    var_m = 1.0 / precision + variance / n
+    fit = -0.5 * (((m - h) ** 2).sum(-1) / var_m + d * torch.log(torch.as_tensor(var_m)))
+    scatter = ((x - m[:, :, None]) ** 2).sum((2, 3))  # (B, N)
+    spread = -0.5 * (scatter / variance + (n - 1) * d * torch.log(torch.as_tensor(variance)))
+    return fit + spread
+
+
+def heldout_scales(
+    x: list[torch.Tensor], h: torch.Tensor, floor: float = 1e-6
+) -> tuple[float, float]:
+    """Empirical-Bayes lambda and sigma^2 from relations a model was not trained on.
+
+    Method of moments under the ``gaussian`` model: the within-relation scatter estimates
+    sigma^2, and the distance between each relation's mean encoding m_r and its prior mean
+    h_r, ``E ||m_r - h_r||^2 / D = 1/lambda + sigma^2 / n_r``, estimates 1/lambda.
+
+    Args:
+        x: per relation, its sentences' encodings, (n_r, D) with n_r >= 2.
+        h: the prior means of the same relations, (R, D).
+        floor: smallest 1/lambda and sigma^2 returned (a prior that predicts every mean
+            exactly would otherwise get infinite precision).
+
+    Returns:
+        (lambda, sigma^2) as floats.
+    """
+    d = h.shape[1]
+    scatter = sum(float(((xr - xr.mean(0)) ** 2).sum()) for xr in x)
+    dof = sum((len(xr) - 1) * d for xr in x)
+    variance = max(scatter / dof, floor)
+    gaps = [float(((xr.mean(0) - hr) ** 2).sum()) / d - variance / len(xr)
+            for xr, hr in zip(x, h, strict=True)]
+    return 1.0 / max(sum(gaps) / len(gaps), floor), variance
+
+
 def log_posterior_grad(
     v: torch.Tensor,
     support: torch.Tensor,
@@ -112,59 +200,137 @@ def log_posterior_grad(
     *,
     temperature: float,
     similarity: str,
-    prior_weight: float = 1.0,
+    likelihood: str,
+    precision: torch.Tensor | float,
+    variance: torch.Tensor | float,
 ) -> torch.Tensor:
-    """Closed-form gradient of ``(1/K) log p(y_S | x_S, v) + w log N(v | h, I)`` in v.
+    """Closed-form gradient of the log posterior in v (the support of way n is labelled n).
 
-    The support of way n is labelled n.
+    ``softmax``: ``1/T sum_s (1[y_s = r] - p_sr) d sim(x_s, v_r)/d v_r`` with ``d sim/d v = x``
+    (dot) or ``x - v`` (Euclidean), divided by K for ``softmax_mean``; ``gaussian``:
+    ``K (m_r - v_r) / sigma^2``; plus the prior's ``-lambda (v_r - h_r)``.
 
     Shapes:
         v: (B, S, N, D), support: (B, N, K, D), h: (B, N, D) -> (B, S, N, D)
     """
     b, n, k, d = support.shape
-    x = support.reshape(b, 1, n * k, d)  # (B, 1, M, D)
-    p = torch.softmax(similarity_logits(x, v, similarity, temperature), dim=-1)  # (B, S, M, N)
-    onehot = torch.eye(n, dtype=v.dtype, device=v.device).repeat_interleave(k, 0)  # (M, N)
-    resid = onehot - p  # (B, S, M, N)
+    prior = -precision * (v - h[:, None])
+    if k == 0:
+        return prior
+    if likelihood == "gaussian":
+        return prior + (support.sum(2)[:, None] - k * v) / variance
+    x = support.reshape(b, 1, n * k, d)  # (B, 1, N K, D)
+    p = torch.softmax(similarity_logits(x, v, similarity, temperature), dim=-1)  # (B,S,NK,N)
+    onehot = torch.eye(n, dtype=v.dtype, device=v.device).repeat_interleave(k, 0)  # (NK, N)
+    resid = onehot - p  # (B, S, N K, N)
     grad = torch.einsum("bsmn,bzmd->bsnd", resid, x)  # (B, S, N, D)
     if similarity == "euclidean":
         grad = grad - resid.sum(2)[..., None] * v
-    grad = grad / (k * temperature)
-    return grad - prior_weight * (v - h[:, None])
+    grad = grad / (k * temperature if likelihood == "softmax_mean" else temperature)
+    return prior + grad
+
+
+def preconditioner(shots: int, likelihood: str, precision: torch.Tensor | float,
+                   variance: torch.Tensor | float) -> torch.Tensor | float:
+    """P of the update: the exact posterior variance for ``gaussian``, else 1."""
+    if likelihood != "gaussian":
+        return 1.0
+    return 1.0 / (precision + shots / variance)
 
 
 def langevin_step(
     v: torch.Tensor,
-    support: torch.Tensor,
-    h: torch.Tensor,
+    grad: torch.Tensor,
     step_size: float,
+    precond: torch.Tensor | float,
     noise: torch.Tensor | None,
-    *,
-    temperature: float,
-    similarity: str,
-    prior_weight: float = 1.0,
 ) -> torch.Tensor:
-    """One SGLD update ``v + eps/2 * grad + sqrt(eps) * z`` (pure: no state, no sampling).
+    """One SGLD update ``v + eps/2 * P grad + sqrt(eps P) z`` (pure: no state, no sampling).
 
     Shapes:
-        v: (B, S, N, D), support: (B, N, K, D), h: (B, N, D), noise: (B, S, N, D) or None
-        -> (B, S, N, D)
+        v, grad, noise: (B, S, N, D) -> (B, S, N, D)
     """
-    grad = log_posterior_grad(
-        v, support, h, temperature=temperature, similarity=similarity, prior_weight=prior_weight
-    )
-    v = v + 0.5 * step_size * grad
+    v = v + 0.5 * step_size * precond * grad
     if noise is not None:
-        v = v + math.sqrt(step_size) * noise
+        scale = (math.sqrt(step_size * precond) if isinstance(precond, float)
+                 else torch.sqrt(step_size * precond))
+        v = v + scale * noise
     return v
 
 
 class LangevinSampler(nn.Module):
-    """Draws S prototype samples per episode from the posterior with SGLD."""
+    """Draws S prototype samples per episode from the posterior with SGLD.
+
+    ``scales: learned`` keeps lambda and sigma^2 as log-parameters (so they stay positive);
+    ``heldout`` keeps them as buffers that :meth:`set_scales` overwrites (they are saved with
+    the model); ``fixed`` uses the config's numbers. A flat prior (lambda = 0) is always
+    fixed: its log has no gradient to follow.
+    """
 
     def __init__(self, config: LangevinConfig) -> None:
         super().__init__()
         self.config = config
+        self.mode = config.scales if config.prior_precision > 0 else "fixed"
+        lam, var = math.log(config.prior_precision or 1.0), math.log(config.likelihood_variance)
+        if self.mode == "learned":
+            self.log_precision = nn.Parameter(torch.tensor(lam))
+            self.log_variance = nn.Parameter(torch.tensor(var))
+        elif self.mode == "heldout":
+            self.register_buffer("log_precision", torch.tensor(lam, dtype=torch.float64))
+            self.register_buffer("log_variance", torch.tensor(var, dtype=torch.float64))
+
+    @property
+    def precision(self) -> torch.Tensor | float:
+        if self.mode == "learned":
+            return self.log_precision.exp()
+        if self.mode == "heldout":
+            return float(self.log_precision.exp())
+        return self.config.prior_precision
+
+    @property
+    def variance(self) -> torch.Tensor | float:
+        if self.mode == "learned":
+            return self.log_variance.exp()
+        if self.mode == "heldout":
+            return float(self.log_variance.exp())
+        return self.config.likelihood_variance
+
+    def set_scales(self, precision: float, variance: float) -> None:
+        """Overwrite lambda and sigma^2 (``scales: heldout``; see :func:`heldout_scales`)."""
+        if self.mode != "heldout":
+            raise ValueError(f"set_scales needs scales: heldout, not {self.mode}")
+        self.log_precision.fill_(math.log(precision))
+        self.log_variance.fill_(math.log(variance))
+
+    def gaussian_chain(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor,
+                       samples: int, draw: Any) -> torch.Tensor:
+        """The state after ``steps`` preconditioned SGLD steps on the ``gaussian`` target.
+
+        There the update is ``v <- v - eps/2 (v - mu) + sqrt(eps s^2) z`` (the gradient is
+        ``-(v - mu) / s^2`` and P = s^2), a linear chain: after the steps v is Gaussian with
+        mean ``mu + c (v0 - mu)``, ``c = prod_t (1 - eps_t / 2)``, and variance
+        ``s^2 sum_t eps_t prod_(u > t) (1 - eps_u / 2)^2``. Drawing that once gives the chain's
+        end state exactly in law, at the cost of one step instead of ``steps`` (evaluation
+        spent most of its time in the steps' noise). ``langevin_step`` runs the same chain
+        step by step; the tests check the two agree.
+
+        Shapes:
+            v0, h: (B, N, D), support: (B, N, K, D) -> (B, S, N, D)
+        """
+        cfg = self.config
+        mu, s2 = gaussian_posterior(support, h, self.precision, self.variance)
+        c, spread, eps = 1.0, 0.0, cfg.step_size
+        for _ in range(cfg.steps):
+            a = 1.0 - 0.5 * eps
+            c, spread = c * a, spread * a * a + eps
+            eps *= cfg.step_decay
+        v = (mu + c * (v0 - mu))[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
+        if draw is None or spread == 0.0:
+            return v
+        return v + (s2 * spread).sqrt()[:, None] * draw(v.shape)
+
+    def noisy(self) -> bool:
+        return self.config.noise_train if self.training else self.config.noise_eval
 
     def forward(
         self,
@@ -180,20 +346,31 @@ class LangevinSampler(nn.Module):
             support: (B, N, K, D), h: (B, N, D) -> (B, S, N, D)
         """
         cfg = self.config
-        noisy = cfg.noise_train if self.training else cfg.noise_eval
+        noisy = self.noisy()
         samples = cfg.samples if noisy else 1
+        k = support.shape[2]
+        lam, var = self.precision, self.variance
+
+        def draw(shape: torch.Size) -> torch.Tensor:
+            return torch.randn(shape, generator=generator, device=h.device, dtype=h.dtype)
+
+        if k == 0:
+            if cfg.likelihood != "gaussian" or not noisy or cfg.prior_precision == 0:
+                return h[:, None]  # (B, 1, N, D): the paper's zero-shot rule, v = h
+            # The posterior is the prior N(h, lambda^-1 I): sample it.
+            v = h[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
+            return v + draw(v.shape) * (1.0 / lam) ** 0.5
         v0 = init_prototypes(support, h, cfg.init_prior_weight, cfg.init_mean_weight)
+        if cfg.likelihood == "gaussian":
+            return self.gaussian_chain(v0, support, h, samples, draw if noisy else None)
         v = v0[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
+        precond = preconditioner(k, cfg.likelihood, lam, var)
         eps = cfg.step_size
         for _ in range(cfg.steps):
-            z = None
-            if noisy:
-                z = torch.randn(v.shape, generator=generator, device=v.device, dtype=v.dtype)
-            v = langevin_step(
-                v, support, h, eps, z,
-                temperature=cfg.temperature,
-                similarity=cfg.similarity,
-                prior_weight=cfg.prior_weight,
+            grad = log_posterior_grad(
+                v, support, h, temperature=cfg.temperature, similarity=cfg.similarity,
+                likelihood=cfg.likelihood, precision=lam, variance=var,
             )
+            v = langevin_step(v, grad, eps, precond, draw(v.shape) if noisy else None)
             eps *= cfg.step_decay
         return v

@@ -5,126 +5,37 @@
 from :class:`~model.graph_prior.GraphPrior` (Eq. 11, computed with logsumexp). Training
 maximises it on the queries; every piece is differentiable, so gradients reach the encoder
 through the support and the query encodings and through the Langevin steps, and reach the GCN
-through h_r. Zero-shot (K = 0): the prototypes are the prior means, ``v_r = h_r``.
+through h_r, and reach the sampler's scales (lambda, sigma^2) when they are learned.
+Zero-shot (K = 0): the prototypes come from the prior alone (:mod:`model.langevin`).
 
-This module also holds the one place where ``params.yaml``'s ``model`` section becomes
-configs (:func:`config_from_params`) and the checkpoint format (:func:`save_checkpoint`,
-:func:`load_checkpoint`).
+Evaluation keeps sampling when ``noise_eval`` is on, with a seeded generator passed in by
+the caller, so the predictive is a real average over S posterior samples and repeats.
 
 Shapes:
-    B episodes, S samples, N ways, K shots, M queries (all ways together), D encoding size.
+    B episodes, S samples, N ways, K shots, Q queries (all ways together), D encoding size.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from model.encoder import EncoderConfig, SentenceEncoder
-from model.graph_prior import GraphPrior, GraphPriorConfig, RelationGraph
-from model.langevin import LangevinConfig, LangevinSampler, similarity_logits
+from model.encoder import SentenceEncoder
+from model.graph_prior import GraphPrior
+from model.langevin import LangevinConfig, LangevinSampler, log_evidence, similarity_logits
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_path
-
-METHODS = ("regrab", "regrab_no_prior", "mtb", "proto")
-
-
-@dataclass(frozen=True)
-class RegrabConfig:
-    """Everything needed to rebuild a model: method plus component configs."""
-
-    method: str = "regrab"
-    encoder: EncoderConfig = field(default_factory=EncoderConfig)
-    graph: GraphPriorConfig = field(default_factory=GraphPriorConfig)
-    langevin: LangevinConfig = field(default_factory=LangevinConfig)
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise PipelineError(f"method {self.method!r} unknown; use one of {METHODS}")
-
-    @property
-    def uses_graph(self) -> bool:
-        return self.method == "regrab"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RegrabConfig:
-        return cls(
-            method=d["method"],
-            encoder=EncoderConfig(**d["encoder"]),
-            graph=GraphPriorConfig(**d["graph"]),
-            langevin=LangevinConfig(**d["langevin"]),
-        )
-
-
-def config_from_params(model: dict[str, Any], method: str) -> RegrabConfig:
-    """Build a :class:`RegrabConfig` from ``params.yaml``'s ``model`` section.
-
-    Unknown keys raise, so a typo in ``params.yaml`` is not silently ignored.
-    """
-    keys = {
-        "encoder": ("encoder", "name"),
-        "pooling": ("encoder", "pooling"),
-        "markers": ("encoder", "markers"),
-        "marker_init": ("encoder", "marker_init"),
-        "train_layers": ("encoder", "train_layers"),
-        "max_length": ("encoder", "max_length"),
-        "dropout": ("encoder", "dropout"),
-        "freeze_top_kv": ("encoder", "freeze_top_kv"),
-        "normalize": ("encoder", "normalize"),
-        "gcn_layers": ("graph", "layers"),
-        "gcn_hidden": ("graph", "hidden"),
-        "gcn_normalize_features": ("graph", "normalize_features"),
-        "gcn_scale": ("graph", "scale"),
-        "samples": ("langevin", "samples"),
-        "langevin_steps": ("langevin", "steps"),
-        "step_size": ("langevin", "step_size"),
-        "step_decay": ("langevin", "step_decay"),
-        "init_prior_weight": ("langevin", "init_prior_weight"),
-        "init_mean_weight": ("langevin", "init_mean_weight"),
-        "temperature": ("langevin", "temperature"),
-        "similarity": ("langevin", "similarity"),
-        "prior_weight": ("langevin", "prior_weight"),
-        "noise_train": ("langevin", "noise_train"),
-        "noise_eval": ("langevin", "noise_eval"),
-    }
-    unknown = sorted(set(model) - set(keys) - {"methods"})
-    if unknown:
-        raise PipelineError(f"params.yaml model section has unknown keys {unknown}; remove them")
-    parts: dict[str, dict[str, Any]] = {"encoder": {}, "graph": {}, "langevin": {}}
-    for key, value in model.items():
-        if key in keys:
-            part, name = keys[key]
-            parts[part][name] = value
-    langevin = dict(parts["langevin"])
-    if method == "proto":  # Proto = Euclidean prototypes (Snell et al.)
-        langevin["similarity"] = "euclidean"
-    elif method == "mtb":  # MTB = dot-product prototypes (Baldini Soares et al.)
-        langevin["similarity"] = "dot"
-    return RegrabConfig(
-        method=method,
-        encoder=EncoderConfig(**parts["encoder"]),
-        graph=GraphPriorConfig(**parts["graph"]),
-        langevin=LangevinConfig(**langevin),
-    )
 
 
 def mc_log_predictive(logits: torch.Tensor) -> torch.Tensor:
     """``log (1/S) sum_s softmax(logits_s)`` computed stably with logsumexp.
 
     Shapes:
-        logits: (B, S, M, N) -> (B, M, N)
+        logits: (B, S, Q, N) -> (B, Q, N)
     """
-    log_p = torch.log_softmax(logits, dim=-1)  # (B, S, M, N)
+    log_p = torch.log_softmax(logits, dim=-1)  # (B, S, Q, N)
     return torch.logsumexp(log_p, dim=1) - math.log(logits.shape[1])
 
 
@@ -140,6 +51,7 @@ class RegrabHead(nn.Module):
         self.config = config
         self.prior = prior
         self.dim = dim
+        self.likelihood = config.likelihood
         self.sampler = LangevinSampler(config)
 
     def prior_states(self) -> torch.Tensor | None:
@@ -166,6 +78,35 @@ class RegrabHead(nn.Module):
         unknown = (rows < 0)[..., None]
         return torch.where(unknown, self.prior.fallback.expand_as(h), h)
 
+    def sample_logits(
+        self,
+        support: torch.Tensor,
+        query: torch.Tensor,
+        h: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Query logits under every posterior sample of the prototypes.
+
+        Shapes:
+            support: (B, N, K, D) (K may be 0), query: (B, Q, D), h: (B, N, D)
+            -> (B, S, Q, N)
+        """
+        cfg = self.config
+        if support.shape[2] == 0 and self.prior is None:
+            raise PipelineError(
+                "zero-shot needs the graph prior; this method has none (use regrab)"
+            )
+        v = self.sampler(support, h, generator)  # (B, S, N, D)
+        return similarity_logits(query[:, None], v, cfg.similarity, cfg.temperature)
+
+    def log_evidence(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Log marginal likelihood of labelled sentences per way (``gaussian`` likelihood).
+
+        Shapes:
+            x: (B, N, n, D), h: (B, N, D) -> (B, N)
+        """
+        return log_evidence(x, h, self.sampler.precision, self.sampler.variance)
+
     def log_predictive(
         self,
         support: torch.Tensor,
@@ -176,25 +117,16 @@ class RegrabHead(nn.Module):
         """MC estimate of ``log p(y_q = n | x_q, x_S, y_S, G)`` for every query and way.
 
         Shapes:
-            support: (B, N, K, D) (K may be 0), query: (B, M, D), h: (B, N, D) -> (B, M, N)
+            support: (B, N, K, D) (K may be 0), query: (B, Q, D), h: (B, N, D) -> (B, Q, N)
         """
-        cfg = self.config
-        if support.shape[2] == 0:
-            if self.prior is None:
-                raise PipelineError(
-                    f"zero-shot needs the graph prior; method {cfg} has none (use regrab)"
-                )
-            v = h[:, None]  # (B, 1, N, D): the prior alone
-        else:
-            v = self.sampler(support, h, generator)  # (B, S, N, D)
-        logits = similarity_logits(query[:, None], v, cfg.similarity, cfg.temperature)
-        return mc_log_predictive(logits)  # (B, M, N)
+        return mc_log_predictive(self.sample_logits(support, query, h, generator))
 
 
 class FewShotModel(nn.Module):
     """Encoder + head; the head is REGRAB or a baseline (see :mod:`model.baselines`)."""
 
-    def __init__(self, config: RegrabConfig, encoder: SentenceEncoder, head: nn.Module) -> None:
+    def __init__(self, config: Any, encoder: SentenceEncoder, head: nn.Module) -> None:
+        """``config`` is the :class:`model.checkpoint.RegrabConfig` the model was built from."""
         super().__init__()
         self.config = config
         self.encoder = encoder
@@ -215,67 +147,3 @@ class FewShotModel(nn.Module):
         state = {f"encoder.{k}": v for k, v in self.encoder.trainable_state().items()}
         state.update({f"head.{k}": v for k, v in self.head.state_dict().items()})
         return state
-
-
-def build_model(config: RegrabConfig, graph: RelationGraph | None) -> FewShotModel:
-    """Instantiate encoder and head for ``config.method``."""
-    from model.baselines import build_head
-
-    encoder = SentenceEncoder.from_config(config.encoder)
-    head = build_head(config, graph, encoder.out_dim)
-    return FewShotModel(config, encoder, head)
-
-
-def save_checkpoint(
-    path: str | os.PathLike[str], model: FewShotModel, extra: dict[str, Any]
-) -> None:
-    """Write config, graph, trained weights and ``extra`` (step, params, optimizer, RNG...).
-
-    Only trained weights are stored; frozen layers come back from the encoder files named
-    in the config, which keeps twenty MiniLM checkpoints to a few MB each.
-    """
-    prior = model.prior
-    payload = {
-        "config": model.config.to_dict(),
-        "graph_relations": None if prior is None else prior.relations,
-        "graph_feature_dim": None if prior is None else int(prior.features.shape[1]),
-        "graph_edges": None if prior is None else int(prior.edge_index.shape[1]),
-        "state": {k: v.detach().cpu() for k, v in model.trainable_state().items()},
-        **extra,
-    }
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
-
-
-def load_checkpoint(
-    path: str | os.PathLike[str], device: str | torch.device = "cpu"
-) -> tuple[FewShotModel, dict[str, Any]]:
-    """Rebuild a model from a checkpoint alone (no params.yaml, no graph files)."""
-    path = Path(path)
-    if not path.exists():
-        raise PipelineError(f"checkpoint {path} not found; run the train stage first")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # a truncated or foreign file
-        raise PipelineError(f"checkpoint {path} is unreadable ({exc}); retrain it") from exc
-    config = RegrabConfig.from_dict(payload["config"])
-    graph = None
-    if payload["graph_relations"] is not None:
-        n, f = len(payload["graph_relations"]), payload["graph_feature_dim"]
-        e = payload["graph_edges"]
-        graph = RelationGraph(
-            payload["graph_relations"],
-            torch.zeros(n, f),
-            torch.zeros(2, e, dtype=torch.long),
-            torch.zeros(e),
-        )
-    model = build_model(config, graph)
-    state = payload["state"]
-    enc_state = {k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")}
-    head_state = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
-    missing = set(model.encoder.trainable_state()) - set(enc_state)
-    if missing:
-        raise PipelineError(f"checkpoint {path} lacks encoder weights {sorted(missing)[:3]}")
-    model.encoder.load_state_dict(enc_state, strict=False)
-    model.head.load_state_dict(head_state, strict=True)
-    return model.to(device), payload

@@ -4,19 +4,19 @@ import numpy as np
 import pytest
 import torch
 
-from model.baselines import PrototypeHead, build_head
-from model.graph_prior import RelationGraph
-from model.langevin import LangevinConfig
-from model.regrab import (
-    RegrabConfig,
-    RegrabHead,
+from model.baselines import PrototypeHead
+from model.checkpoint import (
+    build_head,
     build_model,
-    config_from_params,
-    load_checkpoint,
-    mc_log_predictive,
-    save_checkpoint,
+    config_for_method,
+    load_model,
+    read_payload,
+    save_model,
 )
+from model.graph_prior import RelationGraph
+from model.regrab import RegrabHead, mc_log_predictive
 from pipeline.errors import PipelineError
+from tests.conftest import model_config
 from tests.model.tiny_regrab import tiny_encoder
 
 
@@ -36,7 +36,7 @@ def test_mc_log_predictive_matches_direct_average():
 
 
 def test_zero_shot_uses_the_prior_only():
-    cfg = config_from_params({}, "regrab")
+    cfg = model_config("regrab", langevin={"likelihood": "softmax", "similarity": "dot"})
     head = build_head(cfg, _graph(), dim=6).eval()
     states = head.prior_states()
     rows = torch.tensor([[0, 2, 4]])
@@ -45,13 +45,48 @@ def test_zero_shot_uses_the_prior_only():
     out = head.log_predictive(torch.zeros(1, 3, 0, 6), query, h)
     expected = torch.log_softmax(query @ h[0].T / cfg.langevin.temperature, -1)
     assert torch.allclose(out, expected, atol=1e-6)
+    no_prior = build_head(model_config("regrab_no_prior"), None, 6)
     with pytest.raises(PipelineError, match="zero-shot"):
-        RegrabHead(LangevinConfig(), None, 6).log_predictive(torch.zeros(1, 3, 0, 6), query,
-                                                               torch.zeros(1, 3, 6))
+        no_prior.log_predictive(torch.zeros(1, 3, 0, 6), query, torch.zeros(1, 3, 6))
 
 
-def test_regrab_gradients_reach_support_query_and_prior():
-    cfg = config_from_params({"samples": 3, "langevin_steps": 2}, "regrab")
+@pytest.mark.parametrize("similarity", ["euclidean", "dot"])
+def test_flat_prior_without_noise_is_proto(similarity):
+    """lambda -> 0, no noise: the posterior mode is the support mean, so REGRAB = proto.
+
+    eps = 2 with the exact preconditioner is a Newton step: the chain lands on the mode.
+    """
+    torch.manual_seed(0)
+    cfg = model_config("regrab_no_prior", langevin={
+        "likelihood": "gaussian", "prior_precision": 1e-9, "scales": "fixed",
+        "noise_eval": False, "similarity": similarity, "steps": 3, "step_size": 2.0,
+        "init_prior_weight": 0.3, "init_mean_weight": 0.0})
+    head = build_head(cfg, None, 6).eval()
+    proto = PrototypeHead(similarity, cfg.langevin.temperature).eval()
+    support, query = torch.randn(3, 4, 2, 6), torch.randn(3, 8, 6)
+    h = torch.randn(3, 4, 6)  # ignored as lambda -> 0, whatever the start a * h_r
+    got = head.log_predictive(support, query, h)
+    want = proto.log_predictive(support, query)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    assert torch.allclose(got, want, atol=1e-3)
+
+
+def test_evaluation_sampling_is_seeded():
+    cfg = model_config("regrab", langevin={"noise_eval": True, "likelihood": "gaussian"})
+    head = build_head(cfg, _graph(), dim=6).eval()
+    support, query = torch.randn(2, 3, 1, 6), torch.randn(2, 5, 6)
+    h = head.prior_means(head.prior_states(), torch.tensor([[0, 1, 2], [2, 3, -1]]))
+    a = head.sample_logits(support, query, h, torch.Generator().manual_seed(3))
+    b = head.sample_logits(support, query, h, torch.Generator().manual_seed(3))
+    c = head.sample_logits(support, query, h, torch.Generator().manual_seed(4))
+    assert a.shape == (2, cfg.langevin.samples, 5, 3)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("likelihood", ["gaussian", "softmax_mean"])
+def test_regrab_gradients_reach_support_query_prior_and_scales(likelihood):
+    cfg = model_config("regrab", langevin={"samples": 3, "steps": 2, "likelihood": likelihood,
+                                            "scales": "learned", "noise_train": True})
     head = build_head(cfg, _graph(), dim=6).train()
     support = torch.randn(2, 3, 2, 6, requires_grad=True)
     query = torch.randn(2, 4, 6, requires_grad=True)
@@ -63,43 +98,55 @@ def test_regrab_gradients_reach_support_query_and_prior():
     assert support.grad.abs().sum() > 0 and query.grad.abs().sum() > 0
     assert head.prior.convs[0].lin.weight.grad.abs().sum() > 0
     assert head.prior.fallback.grad.abs().sum() > 0  # way 3 of episode 2 is unknown
+    assert head.sampler.log_precision.grad.abs() > 0
 
 
 def test_baselines_through_the_same_path():
     support, query = torch.randn(1, 3, 2, 4), torch.randn(1, 5, 4)
-    mtb = build_head(config_from_params({}, "mtb"), None, 4)
-    proto = build_head(config_from_params({}, "proto"), None, 4)
-    assert isinstance(mtb, PrototypeHead) and proto.config.similarity == "euclidean"
+    mtb = build_head(model_config("mtb"), None, 4)
+    proto = build_head(model_config("proto"), None, 4)
+    t = model_config("proto").langevin.temperature
+    assert isinstance(mtb, PrototypeHead) and proto.similarity == "euclidean"
+    assert mtb.similarity == "dot"
     m = support.mean(2)
     assert torch.allclose(mtb.log_predictive(support, query),
-                          torch.log_softmax(query @ m[0].T / 10.0, -1))
-    d = -0.5 * torch.cdist(query[0], m[0]) ** 2 / 10.0
+                          torch.log_softmax(query @ m[0].T / t, -1))
+    d = -0.5 * torch.cdist(query[0], m[0]) ** 2 / t
     assert torch.allclose(proto.log_predictive(support, query)[0], torch.log_softmax(d, -1),
                           atol=1e-5)
-    no_prior = build_head(config_from_params({}, "regrab_no_prior"), None, 4).eval()
+    no_prior = build_head(model_config("regrab_no_prior"), None, 4).eval()
     h = no_prior.prior_means(None, torch.tensor([[0, 1, 2]]))
     assert torch.equal(h, torch.zeros(1, 3, 4))
-    with pytest.raises(PipelineError, match="unknown keys"):
-        config_from_params({"temprature": 3}, "regrab")
-    with pytest.raises(PipelineError):
-        RegrabConfig(method="maml")
+    assert isinstance(no_prior, RegrabHead)
+    with pytest.raises(PipelineError, match="temprature"):
+        model_config(langevin={"temprature": 3})
+    with pytest.raises(PipelineError, match="maml"):
+        config_for_method(model_config().encoder and
+                          __import__("tests.conftest").conftest.project_params()["model"], "maml")
 
 
 def test_checkpoint_roundtrip_without_params(tmp_path):
     enc_dir = tiny_encoder(tmp_path / "bert")
-    cfg = config_from_params({"encoder": str(enc_dir), "train_layers": 1}, "regrab")
+    cfg = model_config("regrab", encoder={"name": str(enc_dir), "train_layers": 1},
+                       langevin={"scales": "learned", "likelihood": "gaussian"})
     model = build_model(cfg, _graph())
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
                 p.add_(0.1)
-    save_checkpoint(tmp_path / "m.pt", model, {"step": 7})
-    loaded, payload = load_checkpoint(tmp_path / "m.pt")
+    save_model(tmp_path / "m.pt", model, {"step": 7})
+    loaded, payload = load_model(tmp_path / "m.pt")
     assert payload["step"] == 7 and loaded.config == cfg
     a, b = model.state_dict(), loaded.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert torch.equal(model.head.prior_states(), loaded.head.prior_states())
     assert math.isclose(float(np.sum([v.numel() for v in payload["state"].values()])),
                         sum(v.numel() for v in model.trainable_state().values()))
-    with pytest.raises(PipelineError):
-        load_checkpoint(tmp_path / "missing.pt")
+    with pytest.raises(PipelineError, match="not found"):
+        load_model(tmp_path / "missing.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(PipelineError, match="unreadable"):
+        read_payload(tmp_path / "junk.pt")
+    torch.save({"format": "old"}, tmp_path / "old.pt")
+    with pytest.raises(PipelineError, match="retrain"):
+        read_payload(tmp_path / "old.pt")

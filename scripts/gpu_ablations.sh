@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# REGRAB ablations on the GPU preset (README "Ablations"): one regrab model per split for each
+# variant, evaluated on the same episodes as the main run. Writes OUT_DIR/<variant>/.
+#   ENCODER=.enc/minilm OUT_DIR=/tmp/abl bash scripts/gpu_ablations.sh [variant ...]
+set -euo pipefail
+OUT_DIR=${OUT_DIR:-/tmp/ablations}
+declare -A VARIANT=(
+  [mlp_prior]="model: {prior: {kind: mlp}}"
+  [official_graph]=""
+  [no_noise]="model: {langevin: {noise_train: false, noise_eval: false}}"
+  [dot]="model: {langevin: {similarity: dot}}"
+  [steps_0]="model: {langevin: {steps: 0}}"
+  [paper_head]="model: {langevin: {likelihood: softmax_mean, similarity: dot, temperature: 10.0,
+    prior_precision: 1.0, scales: fixed, noise_eval: false, step_size: 0.1,
+    init_prior_weight: 1.0, init_mean_weight: 1.0}}"
+)
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(mlp_prior official_graph no_noise dot steps_0)
+for name in "${names[@]}"; do
+  dir="$OUT_DIR/$name"; mkdir -p "$dir"
+  {
+    echo "train: {methods: [regrab]}"
+    echo "evaluate: {methods: [regrab], floor: false}"
+    [ -n "${VARIANT[$name]}" ] && echo "${VARIANT[$name]}"
+  } > "$dir/variant.yaml"
+  graph=data/graph/graph.parquet; features=data/features/transe.parquet
+  if [ "$name" = official_graph ]; then
+    graph=${OFFICIAL_GRAPH:-data/graph_official/graph.parquet}
+    features=${OFFICIAL_FEATURES:-data/features/official.parquet}
+  fi
+  start=$(date +%s)
+  GRAPH=$graph FEATURES=$features OUT_DIR=$dir MODELS_DIR=${MODELS_ROOT:-/tmp/ablation_models}/$name \
+    bash scripts/gpu_preset.sh "$dir/variant.yaml" > "$dir/log" 2>&1
+  echo "$name: $(( $(date +%s) - start )) s"; cat "$dir/nyt25_gpu.md" | head -4
+done
