@@ -1,0 +1,113 @@
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from cli import score
+from pipeline.errors import PipelineError
+from stages import train
+from tests.conftest import project_params
+from tests.model.tiny_regrab import tiny_encoder, toy_graph, toy_splits, toy_table
+
+TRAIN = {"steps": 2, "ways": [2, 3], "shots": [1, 2], "queries": 2, "val_every": 2,
+         "val_episodes": 5, "val_settings": ["2w1s"], "dvclive": False, "device": "cpu",
+         "methods": ["regrab", "proto"]}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("score")
+    enc = tiny_encoder(root / "bert")
+    splits = toy_splits(root / "splits")
+    graph, features = toy_graph(root)
+    params = project_params(**{
+        "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
+                              "normalize": 5.0}, "langevin": {"samples": 2, "steps": 2}},
+        "train": TRAIN,
+        "evaluate": {"episodes": 10, "queries": 2, "device": "cpu"},
+    })
+    p = root / "params.yaml"
+    p.write_text(yaml.safe_dump(params))
+    train.main(["--splits", str(splits), "--graph", str(graph), "--features", str(features),
+                "--out", str(root / "models"), "--params", str(p)])
+    trained_on = sorted(set(pq.read_table(splits / "split_0" / "train.parquet")
+                            .column("relation").to_pylist()))
+    return root, p, trained_on
+
+
+def _fewrel_json(path, table, rename=None):
+    """Write a FewRel-format file from a FEWSHOT table (relations renamed by ``rename``)."""
+    rows = table.to_pylist()
+    data = {}
+    for r in rows:
+        rel = (rename or {}).get(r["relation"], r["relation"])
+        data.setdefault(rel, []).append({
+            "tokens": r["tokens"],
+            "h": ["h", "Q1", [list(range(r["head_start"], r["head_end"]))]],
+            "t": ["t", "Q2", [list(range(r["tail_start"], r["tail_end"]))]]})
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_scores_own_data_with_non_wikidata_labels(trained, tmp_path):
+    root, p, trained_on = trained
+    # Six relations unknown to the graph (own labels), plus one the model trained on and one
+    # with too few sentences.
+    table = toy_table(["Q91", "Q92", "Q93", "Q94", "Q95", "Q96", trained_on[0]], 8, seed=3)
+    data = _fewrel_json(tmp_path / "own.json", table,
+                        {f"Q9{i}": f"works_for_{i}" for i in range(1, 7)})
+    raw = json.loads(data.read_text())
+    raw["tiny_rel"] = raw["works_for_6"][:2]
+    data.write_text(json.dumps(raw))
+    out = score.score(["--data", str(data), "--models", str(root / "models"),
+                       "--out", str(tmp_path / "own"), "--settings", "3w1s,3w2s",
+                       "--episodes", "10", "--params", str(p)])
+    rel = out["relations"]
+    assert rel["trained_on"] == [trained_on[0]] and rel["trained_on_excluded"]
+    assert rel["too_few_sentences"] == {"tiny_rel": 2}
+    assert len(rel["relations_scored"]) == 6
+    metrics = json.loads((tmp_path / "own.json").read_text())
+    assert set(metrics["own"]) == {"regrab", "proto", "floor"}
+    assert set(metrics["own"]["regrab"]) == {"3w1s", "3w2s"}
+    assert "works_for" in (tmp_path / "own.md").read_text() or (tmp_path / "own.md").exists()
+
+
+def test_bad_inputs_are_one_line_errors(trained, tmp_path):
+    root, p, _ = trained
+    args = ["--models", str(root / "models"), "--out", str(tmp_path / "x"), "--params", str(p)]
+    not_fewrel = tmp_path / "list.json"
+    not_fewrel.write_text(json.dumps([1, 2, 3]))
+    table = toy_table(["Q91", "Q92"], 8, seed=1)
+    two = _fewrel_json(tmp_path / "two.json", table)
+    cases = [
+        (["--data", str(not_fewrel)], "not FewRel-format|expected a JSON object"),
+        (["--data", str(tmp_path / "missing.json")], "not found"),
+        (["--data", str(two), "--settings", "5w1s"], "fewer than the ways"),
+        (["--data", str(two), "--methods", "maml"], "--methods"),
+        (["--data", str(two), "--models", str(tmp_path)], "no split_"),
+    ]
+    for extra, message in cases:
+        with pytest.raises(PipelineError, match=message) as exc:
+            score.score(extra + args if "--models" not in extra else
+                        extra + ["--out", str(tmp_path / "x"), "--params", str(p)])
+        assert "\n" not in str(exc.value)
+    assert not list(tmp_path.glob("x*"))  # nothing half-written
+
+
+def test_checkpoint_from_another_encoder_is_refused(trained, tmp_path):
+    import shutil
+
+    import torch
+
+    root, p, _ = trained
+    models = tmp_path / "models"
+    shutil.copytree(root / "models", models)
+    path = models / "split_0" / "proto" / "model.pt"
+    payload = torch.load(path, weights_only=False)
+    payload["config"]["encoder"]["name"] = "bert-base-uncased"
+    torch.save(payload, path)
+    data = _fewrel_json(tmp_path / "d.json", toy_table(["Q91", "Q92", "Q93"], 8, seed=2))
+    with pytest.raises(PipelineError, match="different encoders"):
+        score.score(["--data", str(data), "--models", str(models), "--out",
+                     str(tmp_path / "x"), "--settings", "3w1s", "--params", str(p)])
