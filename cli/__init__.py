@@ -1,0 +1,1 @@
+"""User commands that are not DVC stages (``stages/`` holds those): ``regrab-predict``."""

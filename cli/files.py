@@ -1,0 +1,94 @@
+"""Input and output files of ``regrab-predict``: JSONL, Parquet or text in, JSONL or Parquet out.
+
+Records keep the line (JSONL, text) or 1-based row (Parquet) they came from, so a skipped
+query can be named and an output row joined back to its input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_path
+
+INPUT_FORMATS = (".jsonl", ".json", ".parquet", ".txt")
+OUTPUT_FORMATS = (".jsonl", ".parquet")
+
+
+def _kind(path: Path, allowed: tuple[str, ...], what: str) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in allowed:
+        raise PipelineError(f"{what} {path} has extension {suffix or '(none)'}; use one of "
+                            f"{', '.join(allowed)}")
+    return suffix
+
+
+def read_records(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int, Any]]:
+    """``(line or row, record)`` for every record of a JSONL, Parquet or text file.
+
+    A JSONL line that is not JSON yields a :class:`PipelineError` as its record, so the
+    caller decides whether it skips it or stops. Blank lines are ignored.
+    """
+    path = Path(path)
+    kind = _kind(path, INPUT_FORMATS, what)
+    if not path.is_file():
+        raise PipelineError(f"{what} {path} does not exist; check the path")
+    if kind == ".parquet":
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise PipelineError(f"{what} {path} is not a readable Parquet file ({exc})") from exc
+        yield from enumerate(rows, start=1)
+        return
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as exc:
+        raise PipelineError(f"{what} {path} is not readable UTF-8 text ({exc})") from exc
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if kind == ".txt":
+            yield number, line.strip()
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield number, PipelineError(f"not JSON ({exc.msg} at column {exc.colno})")
+
+
+def write_predictions(rows: list[dict[str, Any]], relations: list[str],
+                      path: str | os.PathLike[str]) -> None:
+    """Write one row per query, atomically; the format follows the extension.
+
+    In Parquet, ``probabilities`` is a struct with one float64 field per candidate relation.
+    """
+    path = Path(path)
+    kind = _kind(path, OUTPUT_FORMATS, "output")
+    with atomic_path(path) as tmp:
+        if kind == ".jsonl":
+            with tmp.open("w", encoding="utf-8") as fh:
+                for row in rows:
+                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            return
+        schema = pa.schema([
+            pa.field("line", pa.int64(), nullable=False),
+            pa.field("id", pa.string()),
+            pa.field("text", pa.string(), nullable=False),
+            pa.field("prediction", pa.string()),
+            pa.field("best", pa.string(), nullable=False),
+            pa.field("confidence", pa.float64(), nullable=False),
+            pa.field("abstain", pa.bool_(), nullable=False),
+            pa.field("entropy", pa.float64(), nullable=False),
+            pa.field("mutual_information", pa.float64(), nullable=False),
+            pa.field("probabilities",
+                     pa.struct([pa.field(r, pa.float64()) for r in relations]), nullable=False),
+            pa.field("gold", pa.string()),
+        ])
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)

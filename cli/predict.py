@@ -1,0 +1,157 @@
+"""``regrab-predict``: label new sentences with a trained checkpoint, with uncertainty.
+
+Support rows ``{"relation": "P40", <sentence>}`` give labelled examples; a row with a relation
+and no sentence, or ``--zero-shot P19,P27``, adds a relation predicted from the graph prior
+alone. A sentence is ``{"text": "[E1]Barack Obama[/E1] was born in [E2]Hawaii[/E2] ."}``, a
+FewRel record (``tokens``, ``h``, ``t``) or FEWSHOT_SCHEMA columns; a ``.txt`` query file holds
+one marked sentence per line. Queries may carry ``id`` and a gold ``relation`` (then the
+accuracy is printed). The output has one row per query: ``prediction`` (null when abstaining),
+``best``, ``confidence``, ``abstain``, ``entropy``, ``mutual_information``, ``probabilities``.
+
+A bad support row or checkpoint stops with one ``error:`` line; a bad query (markers missing
+or unbalanced, a span outside the sentence, not JSON) is skipped and counted in the summary.
+
+Usage:
+    regrab-predict --checkpoint models/split_0/regrab/model.pt \
+        --support tests/data/predict/support.jsonl --queries tests/data/predict/queries.jsonl \
+        --out preds.jsonl [--zero-shot P452] [--threshold 0.5] [--seed 0] [--device auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from cli.files import read_records, write_predictions
+from model.predictor import Predictor, Sentence, has_sentence, parse_sentence
+from pipeline.config import select_device, set_threads
+from pipeline.errors import PipelineError, run_cli
+
+SHOWN_SKIPS = 5
+
+
+def read_support(path: Path | None, zero_shot: list[str]) -> dict[str, list[Sentence]]:
+    """``{relation: [sentence, ...]}`` in order of first appearance (empty list: zero-shot)."""
+    support: dict[str, list[Sentence]] = {}
+    if path is not None:
+        for line, rec in read_records(path, "support file"):
+            where = f"support {path} line {line}"
+            if isinstance(rec, PipelineError):
+                raise PipelineError(f"{where}: {rec}")
+            if not isinstance(rec, dict) or not isinstance(rec.get("relation"), str):
+                raise PipelineError(f"{where}: needs a string 'relation' (a Wikidata id such "
+                                    "as P19) and optionally a sentence")
+            sentences = support.setdefault(rec["relation"], [])
+            if has_sentence(rec):
+                try:
+                    sentences.append(parse_sentence(rec))
+                except PipelineError as exc:
+                    raise PipelineError(f"{where}: {exc}") from None
+    for r in zero_shot:
+        if support.get(r):
+            raise PipelineError(f"relation {r} has support sentences in {path} and is also in "
+                                "--zero-shot; drop one of the two")
+        support.setdefault(r, [])
+    if not support:
+        raise PipelineError("no candidate relations: give --support rows and/or --zero-shot ids")
+    return support
+
+
+def read_queries(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Parsed queries (line, id, gold, sentence) and the reasons of skipped ones."""
+    queries, skipped = [], []
+    records = 0
+    for line, rec in read_records(path, "query file"):
+        records += 1
+        try:
+            if isinstance(rec, PipelineError):
+                raise rec
+            sentence = parse_sentence(rec)
+        except PipelineError as exc:
+            skipped.append(f"line {line}: {exc}")
+            continue
+        extra = rec if isinstance(rec, dict) else {}
+        gold = extra.get("relation")
+        queries.append({"line": line, "sentence": sentence,
+                        "id": None if extra.get("id") is None else str(extra["id"]),
+                        "gold": None if gold is None else str(gold)})
+    if records == 0:
+        raise PipelineError(f"query file {path} has no records; give one sentence per line")
+    if not queries:
+        raise PipelineError(f"none of the {records} queries in {path} could be read "
+                            f"(first: {skipped[0]})")
+    return queries, skipped
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="regrab-predict", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", type=Path, required=True, help="model.pt of the train stage")
+    p.add_argument("--support", type=Path, help="JSONL/Parquet rows {relation, sentence}")
+    p.add_argument("--zero-shot", default="", help="comma-separated relation ids, no support")
+    p.add_argument("--queries", type=Path, required=True, help="JSONL, Parquet or .txt")
+    p.add_argument("--out", type=Path, required=True, help=".jsonl or .parquet")
+    p.add_argument("--threshold", type=float, default=0.0,
+                   help="abstain when the top probability is below this (0: never)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the posterior samples")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per encoder batch")
+    p.add_argument("--chunk", type=int, default=2048, help="queries per prediction call")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    args = p.parse_args(argv)
+    if args.batch_size < 1 or args.chunk < 1:
+        raise PipelineError("--batch-size and --chunk must be >= 1")
+    return args
+
+
+def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
+    """Predict, write ``--out`` atomically, print a summary; returns the summary counts."""
+    args = parse_args(argv)
+    set_threads(args.threads)
+    zero_shot = [r.strip() for r in args.zero_shot.split(",") if r.strip()]
+    support = read_support(args.support, zero_shot)
+    queries, skipped = read_queries(args.queries)
+    predictor = Predictor.from_checkpoint(
+        args.checkpoint, select_device(args.device), seed=args.seed, threshold=args.threshold,
+        batch_size=args.batch_size)
+    summary = predictor.set_support(support)
+    rows: list[dict[str, Any]] = []
+    starts = range(0, len(queries), args.chunk)
+    for s in tqdm(starts, desc="predict", unit="chunk", disable=len(starts) < 2):
+        part = queries[s : s + args.chunk]
+        preds = predictor.predict([q["sentence"] for q in part])
+        for q, rec in zip(part, preds.records(), strict=True):
+            rows.append({"line": q["line"], "id": q["id"], "text": q["sentence"].marked(),
+                         **rec, "gold": q["gold"]})
+    write_predictions(rows, summary.relations, args.out)
+
+    abstained = sum(r["abstain"] for r in rows)
+    for line in summary.lines():
+        print(line)
+    print(f"queries: {len(rows) + len(skipped)} read, {len(skipped)} skipped, {len(rows)} "
+          f"predicted, {abstained} abstained (threshold {args.threshold})")
+    for reason in skipped[:SHOWN_SKIPS]:
+        print(f"  skipped {reason}")
+    if len(skipped) > SHOWN_SKIPS:
+        print(f"  ... and {len(skipped) - SHOWN_SKIPS} more skipped")
+    result = {"predicted": len(rows), "skipped": len(skipped), "abstained": abstained}
+    scored = [r for r in rows if r["gold"] in summary.relations]
+    if scored:
+        acc = float(np.mean([r["best"] == r["gold"] for r in scored]))
+        print(f"accuracy on the {len(scored)} queries whose gold relation is a candidate: "
+              f"{acc:.1%} (chance {1 / len(summary.relations):.1%})")
+        result["accuracy"] = acc
+    print(f"wrote {len(rows)} rows to {args.out}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry: bad input ends in one ``error:`` line (exit 2), not a traceback."""
+    run_cli(predict_files, argv)
+
+
+if __name__ == "__main__":
+    main()

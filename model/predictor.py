@@ -1,0 +1,427 @@
+"""Predict relations of new sentences with a trained checkpoint, with posterior uncertainty.
+
+:class:`Predictor` loads a checkpoint once, encodes a support set once
+(:meth:`Predictor.set_support`) and then labels any number of query batches
+(:meth:`Predictor.predict`). Each query gets the probability of every candidate relation
+(REGRAB's Monte Carlo predictive over S posterior samples of the prototypes, exactly what
+``evaluate`` scores), the predictive entropy ``H[mean_s p_s]`` and the mutual information
+between the prediction and the prototypes ``H[mean_s p_s] - mean_s H[p_s]`` (0 for proto and
+mtb, whose prototypes are not sampled), both in nats; a query whose top probability is below
+the threshold abstains ("none of these").
+
+Sentences are :class:`Sentence` objects or what :func:`parse_sentence` reads: text with inline
+markers (``[E1]Barack Obama[/E1] was born in [E2]Hawaii[/E2] .``, whitespace tokens), FewRel
+records (``tokens``, ``h``, ``t``) or the columns of ``pipeline.schemas.FEWSHOT_SCHEMA``.
+
+Support with unequal K per relation: the ways are run in groups of equal K and their logits
+joined. This is exact for proto and mtb (a prototype is its own way's mean) and for REGRAB's
+``gaussian`` likelihood, whose posterior factorises over the ways (a chain start with
+``init_mean_weight != 0`` then uses the group's mean support encoding). The ``softmax``
+likelihoods couple the ways through the support term, so there every way is cut to the
+smallest K (its first K sentences) and zero-shot ways cannot be mixed with few-shot ones.
+Prototype samples depend on the support and the seed only, so a query's result does not
+depend on which batch it comes in (beyond the encoder's float rounding of padded batches).
+
+Shapes:
+    S posterior samples, N ways (candidate relations), K shots, Q queries, D encoding size.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from model.checkpoint import load_model
+from model.encoder_cache import encode_all
+from model.regrab import FewShotModel
+from pipeline.errors import PipelineError
+from pipeline.schemas import FEWSHOT_SCHEMA
+
+MARKER_RE = re.compile(r"\[(/?)E([12])\]", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """A tokenised sentence with half-open head and tail token spans."""
+
+    tokens: tuple[str, ...]
+    head: tuple[int, int]
+    tail: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        for name, (s, e) in (("head", self.head), ("tail", self.tail)):
+            if not (0 <= s < e <= n):
+                raise PipelineError(
+                    f"{name} span [{s}, {e}) is outside the sentence's {n} tokens; "
+                    "fix the span or the tokens"
+                )
+
+    def marked(self) -> str:
+        """The sentence as text with inline markers (what :func:`parse_marked_text` reads)."""
+        marks = [(self.head[0], 1, "[E1]"), (self.head[1], 0, "[/E1]"),
+                 (self.tail[0], 1, "[E2]"), (self.tail[1], 0, "[/E2]")]
+        words = list(self.tokens)
+        for pos, _, mark in sorted(marks, key=lambda m: (m[0], m[1]), reverse=True):
+            if mark.startswith("[/"):
+                words[pos - 1] = words[pos - 1] + mark
+            else:
+                words[pos] = mark + words[pos]
+        return " ".join(words)
+
+
+def parse_marked_text(text: str) -> Sentence:
+    """Whitespace-tokenise ``text`` and read the entity spans off its inline markers.
+
+    Markers may touch words (``[E1]Obama[/E1]``) and are case-insensitive; each of ``[E1]``,
+    ``[/E1]``, ``[E2]``, ``[/E2]`` must occur exactly once, opening before closing, around
+    at least one word.
+    """
+    words = MARKER_RE.sub(lambda m: f" {m.group(0).upper()} ", text).split()
+    if not any(MARKER_RE.fullmatch(w) for w in words):
+        raise PipelineError("no entity markers; mark the head as [E1]...[/E1] and the tail as "
+                            "[E2]...[/E2]")
+    tokens: list[str] = []
+    at: dict[str, int] = {}
+    for w in words:
+        if MARKER_RE.fullmatch(w):
+            if w in at:
+                raise PipelineError(f"marker {w} occurs twice; mark each entity once")
+            at[w] = len(tokens)
+        else:
+            tokens.append(w)
+    spans = {}
+    for e in ("1", "2"):
+        open_, close = f"[E{e}]", f"[/E{e}]"
+        if open_ not in at or close not in at:
+            missing = open_ if open_ not in at else close
+            raise PipelineError(f"unbalanced markers: {missing} is missing; mark the head as "
+                                "[E1]...[/E1] and the tail as [E2]...[/E2]")
+        if at[close] <= at[open_]:
+            raise PipelineError(f"{open_}...{close} encloses no word (or closes before it "
+                                "opens); put the entity's words between the markers")
+        spans[e] = (at[open_], at[close])
+    return Sentence(tuple(tokens), spans["1"], spans["2"])
+
+
+def _fewrel_span(entity: Any, which: str) -> tuple[int, int]:
+    """``[start, end)`` of the first mention of a FewRel ``h``/``t`` entry."""
+    try:
+        positions = [int(p) for p in entity[2][0]]
+    except (TypeError, IndexError, KeyError, ValueError):
+        raise PipelineError(
+            f"'{which}' is not a FewRel entity [name, id, [[positions]]]; fix the record"
+        ) from None
+    if not positions:
+        raise PipelineError(f"'{which}' has no token positions; fix the record")
+    return min(positions), max(positions) + 1
+
+
+def has_sentence(record: Mapping[str, Any]) -> bool:
+    """Whether a support/query record carries a sentence (else it names a relation only)."""
+    return any(record.get(k) is not None for k in ("text", "tokens"))
+
+
+def parse_sentence(record: str | Mapping[str, Any] | Sentence) -> Sentence:
+    """A :class:`Sentence` from marked text, a FewRel record or FEWSHOT_SCHEMA columns.
+
+    Raises:
+        PipelineError: unbalanced or missing markers, a span outside the sentence, a record
+            with neither ``text`` nor ``tokens``.
+    """
+    if isinstance(record, Sentence):
+        return record
+    if isinstance(record, str):
+        return parse_marked_text(record)
+    if not isinstance(record, Mapping):
+        raise PipelineError(f"a sentence is text or a record, not {type(record).__name__}")
+    if record.get("text") is not None:
+        if not isinstance(record["text"], str):
+            raise PipelineError("'text' must be a string with [E1]..[/E1] [E2]..[/E2] markers")
+        return parse_marked_text(record["text"])
+    tokens = record.get("tokens")
+    if tokens is None:
+        raise PipelineError("record has no sentence: give 'text' with entity markers, or "
+                            "'tokens' with FewRel 'h'/'t' (or head_start/head_end/...)")
+    if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
+        raise PipelineError("'tokens' must be a list of strings")
+    if record.get("h") is not None and record.get("t") is not None:
+        head, tail = _fewrel_span(record["h"], "h"), _fewrel_span(record["t"], "t")
+    elif all(record.get(k) is not None for k in ("head_start", "head_end", "tail_start",
+                                                 "tail_end")):
+        head = (int(record["head_start"]), int(record["head_end"]))
+        tail = (int(record["tail_start"]), int(record["tail_end"]))
+    else:
+        raise PipelineError("record has 'tokens' but no entity spans; add FewRel 'h' and 't' "
+                            "or head_start/head_end/tail_start/tail_end")
+    return Sentence(tuple(tokens), head, tail)
+
+
+def sentences_table(sentences: Sequence[Sentence]) -> pa.Table:
+    """A FEWSHOT_SCHEMA table of ``sentences`` (what the encoder tokenises)."""
+    n = len(sentences)
+    return pa.table({
+        "instance_id": [str(i) for i in range(n)],
+        "relation": [""] * n,
+        "relation_name": [""] * n,
+        "tokens": [list(s.tokens) for s in sentences],
+        "head_start": [s.head[0] for s in sentences],
+        "head_end": [s.head[1] for s in sentences],
+        "tail_start": [s.tail[0] for s in sentences],
+        "tail_end": [s.tail[1] for s in sentences],
+        "head_id": [None] * n,
+        "tail_id": [None] * n,
+    }, schema=FEWSHOT_SCHEMA)
+
+
+def entropy(p: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in nats over the last axis (0 log 0 = 0)."""
+    return -torch.special.xlogy(p, p).sum(-1)
+
+
+def predictive_summary(logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Predictive probabilities, entropy and mutual information from per-sample logits.
+
+    Shapes:
+        logits: (S, Q, N) -> probs (Q, N), entropy (Q,), mutual information (Q,)
+    """
+    log_p = torch.log_softmax(logits.double(), dim=-1)  # (S, Q, N)
+    probs = (torch.logsumexp(log_p, 0) - math.log(logits.shape[0])).exp()  # (Q, N)
+    total = entropy(probs)
+    # Clamped: the two terms agree to rounding when every sample says the same.
+    mi = (total - entropy(log_p.exp()).mean(0)).clamp(min=0.0)
+    return probs, total, mi
+
+
+@dataclass
+class Predictions:
+    """Results of :meth:`Predictor.predict` for Q queries over the N ``relations``.
+
+    Attributes:
+        relations: the candidate relations, in column order of ``probs``.
+        probs: (Q, N) predictive probabilities (rows sum to 1).
+        entropy: (Q,) predictive entropy in nats.
+        mutual_information: (Q,) mutual information between prediction and prototypes (nats).
+        threshold: top probabilities below it abstain.
+    """
+
+    relations: list[str]
+    probs: np.ndarray
+    entropy: np.ndarray
+    mutual_information: np.ndarray
+    threshold: float
+
+    def __len__(self) -> int:
+        return len(self.probs)
+
+    @property
+    def best(self) -> list[str]:
+        """The most probable relation of every query (abstaining or not)."""
+        return [self.relations[i] for i in self.probs.argmax(1)]
+
+    @property
+    def confidence(self) -> np.ndarray:
+        return self.probs.max(1)
+
+    @property
+    def abstain(self) -> np.ndarray:
+        return self.confidence < self.threshold
+
+    @property
+    def labels(self) -> list[str | None]:
+        """The prediction of every query, None where it abstains ("none of these")."""
+        return [None if a else b for a, b in zip(self.abstain, self.best, strict=True)]
+
+    def records(self) -> list[dict[str, Any]]:
+        """One plain dict per query (JSON-ready)."""
+        return [
+            {"prediction": label, "best": best, "confidence": float(conf), "abstain": bool(a),
+             "entropy": float(h), "mutual_information": float(mi),
+             "probabilities": {r: float(p) for r, p in zip(self.relations, row, strict=True)}}
+            for label, best, conf, a, h, mi, row in zip(
+                self.labels, self.best, self.confidence, self.abstain, self.entropy,
+                self.mutual_information, self.probs, strict=True)
+        ]
+
+
+@dataclass
+class SupportSummary:
+    """What :meth:`Predictor.set_support` built, for the user to read."""
+
+    relations: list[str]
+    shots: list[int]
+    used_shots: list[int]
+    zero_shot: list[str]
+    fallback_prior: list[str]
+    handling: str
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        shots = ", ".join(f"{r} K={k}" for r, k in zip(self.relations, self.shots, strict=True))
+        out = [f"support: {len(self.relations)} candidate relations ({shots})", self.handling]
+        if self.zero_shot:
+            out.append(f"zero-shot from the graph prior: {', '.join(self.zero_shot)}")
+        if self.fallback_prior:
+            out.append("not in the checkpoint's graph (learned fallback prior): "
+                       + ", ".join(self.fallback_prior))
+        return out + self.notes
+
+
+class Predictor:
+    """A trained model ready to label sentences; load once, set the support, predict often.
+
+    Args:
+        model: a :class:`~model.regrab.FewShotModel` (see :meth:`from_checkpoint`).
+        seed: seeds the S posterior samples of the prototypes (same seed, same numbers).
+        threshold: top probabilities below it abstain (0 never abstains).
+        batch_size: sentences per encoder batch.
+    """
+
+    def __init__(self, model: FewShotModel, seed: int = 0, threshold: float = 0.0,
+                 batch_size: int = 64) -> None:
+        if not 0.0 <= threshold <= 1.0:
+            raise PipelineError(f"threshold {threshold} is not a probability in [0, 1]")
+        self.model = model.eval()
+        self.seed = int(seed)
+        self.threshold = float(threshold)
+        self.batch_size = int(batch_size)
+        self.device = next(model.parameters()).device
+        self.summary: SupportSummary | None = None
+        self._groups: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike[str], device: str = "cpu",
+                        **kwargs: Any) -> Predictor:
+        """Load ``path`` (a ``model.pt`` of the train stage) onto ``device``."""
+        try:
+            model, _ = load_model(path, device)
+        except (RuntimeError, KeyError, TypeError) as exc:  # a payload that does not fit
+            raise PipelineError(f"checkpoint {path} is corrupt ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0][:120]}); retrain it") from exc
+        return cls(model, **kwargs)
+
+    @property
+    def relations(self) -> list[str]:
+        if self.summary is None:
+            raise PipelineError("no support set; call set_support first")
+        return self.summary.relations
+
+    @torch.no_grad()
+    def encode(self, sentences: Sequence[Any]) -> torch.Tensor:
+        """Encodings of sentences (anything :func:`parse_sentence` reads).
+
+        Shapes:
+            -> (len(sentences), D)
+        """
+        parsed = [parse_sentence(s) for s in sentences]
+        if not parsed:
+            return torch.zeros(0, self.model.encoder.out_dim, device=self.device)
+        tokens = self.model.encoder.tokenize(sentences_table(parsed))
+        return encode_all(self.model.encoder, tokens, None, self.batch_size)
+
+    @torch.no_grad()
+    def set_support(self, support: Mapping[str, Sequence[Any]],
+                    zero_shot: Sequence[str] = ()) -> SupportSummary:
+        """Encode the support once: ``{relation: [sentence, ...]}`` plus zero-shot ids.
+
+        A relation with no sentences (or listed in ``zero_shot``) is predicted from the
+        graph prior alone, which needs a ``regrab`` checkpoint whose graph holds it.
+        """
+        if any(isinstance(s, str | Mapping) for s in support.values()):
+            raise PipelineError("support maps each relation to a list of sentences")
+        support = {str(r): list(s) for r, s in support.items()}
+        for r in zero_shot:
+            if support.get(r):
+                raise PipelineError(f"relation {r} has support sentences and is also given "
+                                    "as zero-shot; drop one of the two")
+            support.setdefault(str(r), [])
+        relations = list(support)
+        if len(relations) < 2:
+            raise PipelineError(f"need at least 2 candidate relations, got {len(relations)}; "
+                                "add support sentences or zero-shot relation ids")
+        model, head = self.model, self.model.head
+        rows = model.rows(relations)  # (N,)
+        shots = [len(support[r]) for r in relations]
+        zs = [r for r, k in zip(relations, shots, strict=True) if k == 0]
+        for r in zs:
+            if model.prior is None:
+                raise PipelineError(
+                    f"relation {r} has no support sentences, and zero-shot needs the graph "
+                    f"prior, which a {model.config.method} checkpoint lacks; give it support "
+                    "sentences or use a regrab checkpoint")
+            if rows[relations.index(r)] < 0:
+                raise PipelineError(
+                    f"relation {r} has no support sentences and is not in the checkpoint's "
+                    f"relation graph ({len(model.prior.relations)} relations), so nothing "
+                    "predicts it; give it support sentences or drop it")
+        used, handling = self._plan(shots)
+        enc = self.encode([s for r, u in zip(relations, used, strict=True)
+                           for s in support[r][:u]])  # (sum K, D)
+        states = head.prior_states()
+        h = head.prior_means(states, rows[None].to(self.device))  # (1, N, D) or None
+        offsets = np.concatenate([[0], np.cumsum(used)])
+        self._groups = []
+        for k in sorted(set(used)):
+            ways = [n for n, u in enumerate(used) if u == k]
+            idx = torch.tensor([offsets[n] + j for n in ways for j in range(k)],
+                               dtype=torch.long, device=self.device)
+            sup = enc[idx].reshape(1, len(ways), k, enc.shape[-1])  # (1, N_k, K, D)
+            self._groups.append((ways, sup, None if h is None else h[:, ways]))
+        fallback = [] if model.prior is None else [
+            r for r, row in zip(relations, rows.tolist(), strict=True) if row < 0]
+        self.summary = SupportSummary(relations, shots, used, zs, fallback, handling)
+        return self.summary
+
+    def _plan(self, shots: list[int]) -> tuple[list[int], str]:
+        """Shots used per way and a sentence saying how unequal K is handled."""
+        if len(set(shots)) == 1:
+            return shots, f"equal K={shots[0]}: one episode, as evaluate runs it"
+        likelihood = getattr(getattr(self.model.head, "config", None), "likelihood", None)
+        if likelihood in (None, "gaussian"):  # prototype heads, or a factorised posterior
+            return shots, ("unequal K: ways run in groups of equal K (exact: each way's "
+                           "prototype depends on its own support only)")
+        if 0 in shots:
+            raise PipelineError(
+                f"this checkpoint's {likelihood} likelihood couples the ways, so zero-shot "
+                "relations cannot be mixed with few-shot ones; predict them in separate runs")
+        k = min(shots)
+        return [k] * len(shots), (f"unequal K: the {likelihood} likelihood couples the ways, "
+                                  f"so every way uses its first K={k} sentences")
+
+    @torch.no_grad()
+    def sample_logits(self, query: torch.Tensor) -> torch.Tensor:
+        """Per-sample logits of encoded queries against the support's prototypes.
+
+        The generator is seeded afresh on every call, so the prototype samples, which do not
+        depend on the queries, are the same for every batch.
+
+        Shapes:
+            query: (Q, D) -> (S, Q, N)
+        """
+        if not self._groups:
+            raise PipelineError("no support set; call set_support first")
+        gen = torch.Generator(device=self.device).manual_seed(self.seed)
+        parts, order = [], []
+        for ways, sup, h in self._groups:
+            parts.append(self.model.head.sample_logits(sup, query[None], h, gen)[0])
+            order += ways
+        s = max(p.shape[0] for p in parts)  # a deterministic group gives S = 1
+        logits = torch.cat([p.expand(s, -1, -1) for p in parts], dim=-1)  # (S, Q, N)
+        inverse = torch.argsort(torch.tensor(order, device=logits.device))
+        return logits[..., inverse]
+
+    def predict(self, queries: Sequence[Any]) -> Predictions:
+        """Probabilities, uncertainty and abstention for each query sentence."""
+        relations = self.relations
+        logits = self.sample_logits(self.encode(queries))  # (S, Q, N)
+        probs, ent, mi = predictive_summary(logits)
+        return Predictions(relations, probs.cpu().numpy(), ent.cpu().numpy(),
+                           mi.cpu().numpy(), self.threshold)

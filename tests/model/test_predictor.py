@@ -1,0 +1,289 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from model.checkpoint import build_model, save_model
+from model.encoder_cache import LowerCache, encode_all
+from model.episodes import Episodes, episode_accuracy, gather_episodes
+from model.graph_prior import RelationGraph
+from model.langevin import similarity_logits
+from model.predictor import (
+    Predictor,
+    Sentence,
+    parse_marked_text,
+    parse_sentence,
+    predictive_summary,
+)
+from pipeline.errors import PipelineError
+from pipeline.io import read_parquet
+from tests.conftest import model_config
+from tests.model.tiny_regrab import tiny_encoder, toy_graph, toy_table
+
+RELATIONS = ["P6", "P7", "P8"]
+
+
+def tiny_checkpoint(folder, method="regrab", **langevin):
+    """A tiny untrained checkpoint (random 2-layer BERT, ring graph over P1..P9)."""
+    enc = folder / "bert"
+    if not enc.exists():
+        tiny_encoder(enc)
+    gpath, fpath = toy_graph(folder)
+    graph = RelationGraph.from_tables(read_parquet(gpath), read_parquet(fpath))
+    cfg = model_config(method, encoder={"name": str(enc), "train_layers": 1},
+                       langevin={"noise_eval": True, "likelihood": "gaussian", **langevin})
+    torch.manual_seed(1)
+    model = build_model(cfg, graph if method == "regrab" else None)
+    with torch.no_grad():  # a prior away from zero, so the prior term matters
+        for p in model.head.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    path = folder / f"{method}-{'-'.join(f'{k}{v}' for k, v in langevin.items())}.pt"
+    save_model(path, model, {"step": 0})
+    return path
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("predictor")
+
+
+@pytest.fixture(scope="module")
+def table():
+    return toy_table(RELATIONS, 6, seed=3)
+
+
+def _support(table, shots):
+    rows = table.to_pylist()
+    out = {}
+    for r, k in zip(RELATIONS, shots, strict=True):
+        out[r] = [x for x in rows if x["relation"] == r][:k]
+    return out
+
+
+def _queries(table, skip=3):
+    """The sentences after the first ``skip`` of each relation, with their relations."""
+    rows = table.to_pylist()
+    picked = [x for r in RELATIONS for x in [y for y in rows if y["relation"] == r][skip:]]
+    return picked, [x["relation"] for x in picked]
+
+
+# --- sentence parsing -------------------------------------------------------------------------
+
+
+def test_marked_text_parses_into_tokens_and_spans():
+    s = parse_marked_text("[E1]Barack Obama[/E1] was born in [E2]Hawaii[/E2] .")
+    assert s.tokens == ("Barack", "Obama", "was", "born", "in", "Hawaii", ".")
+    assert s.head == (0, 2) and s.tail == (5, 6)
+    assert s.marked() == "[E1]Barack Obama[/E1] was born in [E2]Hawaii[/E2] ."
+    assert parse_marked_text(s.marked()) == s
+    tail_first = parse_marked_text("in [e2] Hawaii [/e2] , [E1]Obama[/E1] was born")
+    assert tail_first.tokens == ("in", "Hawaii", ",", "Obama", "was", "born")
+    assert tail_first.head == (3, 4) and tail_first.tail == (1, 2)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("Barack Obama was born in Hawaii .", "no entity markers"),
+    ("[E1]Barack Obama was born in [E2]Hawaii[/E2] .", r"\[/E1\] is missing"),
+    ("[E1]Obama[/E1] was born in Hawaii[/E2] .", r"\[E2\] is missing"),
+    ("[E1]Obama[/E1] [E1]x[/E1] in [E2]Hawaii[/E2]", "occurs twice"),
+    ("[E1][/E1] was born in [E2]Hawaii[/E2]", "encloses no word"),
+    ("[/E1]Obama[E1] was born in [E2]Hawaii[/E2]", "encloses no word"),
+])
+def test_bad_markers_are_errors(text, match):
+    with pytest.raises(PipelineError, match=match):
+        parse_marked_text(text)
+
+
+def test_fewrel_and_column_records():
+    tokens = ["Obama", "was", "born", "in", "Honolulu", ",", "Hawaii"]
+    rec = {"tokens": tokens, "h": ["Obama", "Q76", [[0]]], "t": ["Hawaii", "Q782", [[6]]]}
+    assert parse_sentence(rec) == Sentence(tuple(tokens), (0, 1), (6, 7))
+    two = {**rec, "t": ["Honolulu , Hawaii", "Q1", [[4, 5, 6]]]}
+    assert parse_sentence(two).tail == (4, 7)
+    cols = {"tokens": tokens, "head_start": 0, "head_end": 1, "tail_start": 4, "tail_end": 5}
+    assert parse_sentence(cols).tail == (4, 5)
+    with pytest.raises(PipelineError, match="outside the sentence"):
+        parse_sentence({**rec, "t": ["x", "Q1", [[7]]]})
+    with pytest.raises(PipelineError, match="outside the sentence"):
+        parse_sentence({**cols, "head_start": -1})
+    with pytest.raises(PipelineError, match="not a FewRel entity"):
+        parse_sentence({**rec, "h": "Obama"})
+    with pytest.raises(PipelineError, match="no entity spans"):
+        parse_sentence({"tokens": tokens})
+    with pytest.raises(PipelineError, match="no sentence"):
+        parse_sentence({"relation": "P19"})
+
+
+def test_predictive_summary_against_direct_formulas():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 4, 5, generator=g, dtype=torch.float64)
+    probs, ent, mi = predictive_summary(logits)
+    p_s = torch.softmax(logits, -1)  # (S, Q, N)
+    mean = p_s.mean(0)
+    assert torch.allclose(probs, mean)
+    assert torch.allclose(probs.sum(-1), torch.ones(4, dtype=torch.float64))
+    h = lambda p: -(p * p.log()).sum(-1)  # noqa: E731
+    assert torch.allclose(ent, h(mean))
+    assert torch.allclose(mi, h(mean) - h(p_s).mean(0))
+    assert (mi > 0).all()
+    # identical samples: no disagreement, no mutual information; uniform: entropy log N
+    _, ent1, mi1 = predictive_summary(torch.zeros(3, 2, 5))
+    assert torch.allclose(ent1, torch.full((2,), math.log(5), dtype=torch.float64))
+    assert torch.equal(mi1, torch.zeros(2, dtype=torch.float64))
+
+
+# --- predictions ------------------------------------------------------------------------------
+
+
+def test_predict_matches_evaluate_on_the_same_episode(folder, table):
+    """Same sentences, same generator seed: predict gives evaluate's predictive exactly."""
+    path = tiny_checkpoint(folder)
+    pred = Predictor.from_checkpoint(path, seed=11)
+    support = _support(table, [2, 2, 2])
+    queries, gold = _queries(table)
+    pred.set_support(support)
+    got = pred.predict(queries)
+
+    # evaluate's path: one encoding of the split through the cache, then the episode.
+    model = pred.model
+    enc = encode_all(model.encoder, model.encoder.tokenize(table), LowerCache())
+    ids = table.column("instance_id").to_pylist()
+    sup_rows = np.array([[ids.index(x["instance_id"]) for x in support[r]] for r in RELATIONS])
+    qry_rows = np.array([[ids.index(x["instance_id"]) for x in queries
+                          if x["relation"] == r] for r in RELATIONS])
+    ep = Episodes(np.arange(3)[None], sup_rows[None], qry_rows[None])
+    sup, qry, labels = gather_episodes(enc, ep)
+    head = model.head
+    h = head.prior_means(head.prior_states(), model.rows(RELATIONS)[None])
+    want = head.log_predictive(sup, qry, h, torch.Generator().manual_seed(11)).exp()[0].detach()
+    assert got.relations == RELATIONS
+    np.testing.assert_allclose(got.probs, want.numpy(), atol=1e-5)
+    assert got.best == [RELATIONS[i] for i in want.argmax(-1)]
+    acc = episode_accuracy(head, enc, ep, model.rows(RELATIONS),
+                           generator=torch.Generator().manual_seed(11))
+    assert acc[0] == pytest.approx(np.mean(np.array(got.best) == np.array(gold)))
+    # a real posterior average: samples disagree a little, so the MI is positive
+    assert (got.mutual_information > 0).all()
+    assert np.allclose(got.probs.sum(1), 1.0)
+
+
+def test_batches_and_seeds(folder, table):
+    pred = Predictor.from_checkpoint(tiny_checkpoint(folder), seed=5)
+    pred.set_support(_support(table, [2, 2, 2]))
+    queries, _ = _queries(table)
+    whole = pred.predict(queries)
+    halves = [pred.predict(queries[:4]), pred.predict(queries[4:])]
+    # equal up to the encoder's rounding (padding differs per batch) ...
+    np.testing.assert_allclose(whole.probs, np.concatenate([p.probs for p in halves]),
+                               atol=1e-6)
+    # ... because the prototype samples are the same for every batch
+    q = pred.encode(queries)
+    torch.testing.assert_close(pred.sample_logits(q)[:, 4:], pred.sample_logits(q[4:]),
+                               rtol=0, atol=0)
+    other = Predictor(pred.model, seed=6)
+    other.set_support(_support(table, [2, 2, 2]))
+    assert not np.allclose(other.predict(queries).probs, whole.probs)
+
+
+def test_zero_shot_by_id(folder, table):
+    pred = Predictor.from_checkpoint(tiny_checkpoint(folder), seed=2)
+    queries, _ = _queries(table)
+    summary = pred.set_support({}, zero_shot=RELATIONS)
+    assert summary.zero_shot == RELATIONS and summary.used_shots == [0, 0, 0]
+    got = pred.predict(queries)
+    head, model = pred.model.head, pred.model
+    q = pred.encode(queries)[None]
+    h = head.prior_means(head.prior_states(), model.rows(RELATIONS)[None])
+    want = head.log_predictive(torch.zeros(1, 3, 0, q.shape[-1]), q, h,
+                               torch.Generator().manual_seed(2)).exp()[0].detach()
+    np.testing.assert_allclose(got.probs, want.numpy(), atol=1e-6)
+    # mixed: two relations with support, one by id only
+    support = _support(table, [2, 2, 0])
+    summary = pred.set_support({r: s for r, s in support.items() if s}, zero_shot=["P8"])
+    assert summary.zero_shot == ["P8"] and "groups" in summary.handling
+    mixed = pred.predict(queries)
+    assert np.allclose(mixed.probs.sum(1), 1.0)
+    with pytest.raises(PipelineError, match="not in the checkpoint's relation graph"):
+        pred.set_support({"P6": support["P6"]}, zero_shot=["P99"])
+    with pytest.raises(PipelineError, match="also given as zero-shot"):
+        pred.set_support(support, zero_shot=["P6"])
+    proto = Predictor.from_checkpoint(tiny_checkpoint(folder, "proto"))
+    with pytest.raises(PipelineError, match="lacks"):
+        proto.set_support({"P6": support["P6"]}, zero_shot=["P7"])
+
+
+def test_abstention(folder, table):
+    queries, _ = _queries(table)
+    pred = Predictor.from_checkpoint(tiny_checkpoint(folder), seed=0)
+    pred.set_support(_support(table, [2, 2, 2]))
+    conf = pred.predict(queries).confidence
+    cut = float(np.median(conf))
+    pred.threshold = cut
+    got = pred.predict(queries)
+    assert got.abstain.tolist() == (conf < cut).tolist() and 0 < got.abstain.sum() < len(conf)
+    assert [lab is None for lab in got.labels] == got.abstain.tolist()
+    kept = [b for b, a in zip(got.best, got.abstain, strict=True) if not a]
+    assert [lab for lab in got.labels if lab] == kept
+    recs = got.records()
+    assert all(r["prediction"] is None for r in recs if r["abstain"])
+    assert all(math.isclose(sum(r["probabilities"].values()), 1.0) for r in recs)
+    with pytest.raises(PipelineError, match="threshold"):
+        Predictor(pred.model, threshold=1.5)
+
+
+def test_unequal_shots_group_exactly(folder, table):
+    """A way's logits depend on its own support only, so grouping by K is exact."""
+    queries, _ = _queries(table)
+    pred = Predictor.from_checkpoint(tiny_checkpoint(folder, noise_eval=False), seed=0)
+    support = _support(table, [1, 3, 2])
+    summary = pred.set_support(support)
+    assert summary.used_shots == [1, 3, 2] and "groups of equal K" in summary.handling
+    q = pred.encode(queries)
+    mixed = pred.sample_logits(q)  # (1, Q, 3)
+    for n, r in enumerate(RELATIONS):
+        k = len(support[r])
+        other = next(o for o in RELATIONS if o != r)
+        alone = {r: support[r], other: (support[other] * 3)[:k]}
+        pred.set_support(alone)
+        torch.testing.assert_close(mixed[..., n], pred.sample_logits(q)[..., 0])
+
+    # proto: the prototypes are the plain support means, whatever each way's K
+    proto = Predictor.from_checkpoint(tiny_checkpoint(folder, "proto"))
+    proto.set_support(support)
+    got = proto.predict(queries)
+    means = torch.stack([proto.encode(support[r]).mean(0) for r in RELATIONS])
+    enc = proto.encode(queries)
+    cfg = proto.model.config.langevin
+    want = torch.softmax(similarity_logits(enc, means, cfg.similarity, cfg.temperature), -1)
+    want = want.detach()
+    np.testing.assert_allclose(got.probs, want.numpy(), atol=1e-6)
+    assert np.all(got.mutual_information == 0)
+    # Euclidean, K = 1: a support sentence is at distance 0 from its own prototype
+    one = _support(table, [1, 1, 1])
+    proto.set_support(one)
+    assert proto.predict([one[r][0] for r in RELATIONS]).best == RELATIONS
+
+
+def test_softmax_likelihood_truncates_unequal_shots(folder, table):
+    pred = Predictor.from_checkpoint(tiny_checkpoint(folder, likelihood="softmax"))
+    summary = pred.set_support(_support(table, [1, 3, 2]))
+    assert summary.used_shots == [1, 1, 1] and "first K=1" in summary.handling
+    assert summary.shots == [1, 3, 2]
+    with pytest.raises(PipelineError, match="couples the ways"):
+        pred.set_support(_support(table, [1, 3, 0]))
+
+
+def test_bad_support_and_checkpoint(folder, table):
+    pred = Predictor.from_checkpoint(tiny_checkpoint(folder))
+    with pytest.raises(PipelineError, match="at least 2"):
+        pred.set_support({"P6": _support(table, [2, 2, 2])["P6"]})
+    with pytest.raises(PipelineError, match="list of sentences"):
+        pred.set_support({"P6": "[E1]w1[/E1] verb6 [E2]w2[/E2]", "P7": []})
+    with pytest.raises(PipelineError, match="no support set"):
+        Predictor(pred.model).predict(["[E1]w1[/E1] verb6 [E2]w2[/E2]"])
+    with pytest.raises(PipelineError, match="not found"):
+        Predictor.from_checkpoint(folder / "missing.pt")
+    (folder / "junk.pt").write_bytes(b"\x00garbage")
+    with pytest.raises(PipelineError, match="unreadable"):
+        Predictor.from_checkpoint(folder / "junk.pt")
