@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# REGRAB ablations on the GPU preset (README "Ablations"): one regrab model per split for each
-# variant, evaluated on the same episodes as the main run. Writes OUT_DIR/<variant>/.
-#   ENCODER=.enc/minilm OUT_DIR=/tmp/abl bash scripts/gpu_ablations.sh [variant ...]
+# REGRAB ablations (README "Ablations"): one regrab model per split for each variant, evaluated
+# on the same episodes as the main run. Writes OUT_DIR/<variant>/. GPU preset by default;
+# PRESET=none runs them on the CPU default.
+#   ENCODER=.enc/minilm OUT_DIR=/tmp/abl bash scripts/ablations.sh [variant ...]
 set -euo pipefail
 OUT_DIR=${OUT_DIR:-/tmp/ablations}
 declare -A VARIANT=(
@@ -10,6 +11,13 @@ declare -A VARIANT=(
   [no_noise]="model: {langevin: {noise_train: false, noise_eval: false}}"
   [dot]="model: {langevin: {similarity: dot}}"
   [steps_0]="model: {langevin: {steps: 0}}"
+  [steps_1]="model: {langevin: {steps: 1}}"
+  [steps_10]="model: {langevin: {steps: 10}}"
+  [samples_1]="model: {langevin: {samples: 1}}"
+  [samples_5]="model: {langevin: {samples: 5}}"
+  [samples_20]="model: {langevin: {samples: 20}}"
+  [no_eval_noise]="model: {langevin: {noise_eval: false}}"
+  [learned_scales]="model: {langevin: {scales: learned}}"
   [paper_head]="model: {langevin: {likelihood: softmax_mean, similarity: dot, temperature: 10.0,
     prior_precision: 1.0, scales: fixed, noise_eval: false, step_size: 0.1,
     init_prior_weight: 1.0, init_mean_weight: 1.0}}"
@@ -20,7 +28,7 @@ for name in "${names[@]}"; do
   dir="$OUT_DIR/$name"; mkdir -p "$dir"
   {
     echo "train: {methods: [regrab]}"
-    echo "evaluate: {methods: [regrab], floor: false}"
+    echo "evaluate: {methods: [regrab], floor: false, nota_rates: []}"
     [ -n "${VARIANT[$name]}" ] && echo "${VARIANT[$name]}"
   } > "$dir/variant.yaml"
   graph=data/graph/graph.parquet; features=data/features/transe.parquet
@@ -30,6 +38,6 @@ for name in "${names[@]}"; do
   fi
   start=$(date +%s)
   GRAPH=$graph FEATURES=$features OUT_DIR=$dir MODELS_DIR=${MODELS_ROOT:-/tmp/ablation_models}/$name \
-    bash scripts/gpu_preset.sh "$dir/variant.yaml" > "$dir/log" 2>&1
-  echo "$name: $(( $(date +%s) - start )) s"; cat "$dir/nyt25_gpu.md" | head -4
+    bash scripts/run_preset.sh "$dir/variant.yaml" > "$dir/log" 2>&1
+  echo "$name: $(( $(date +%s) - start )) s"; grep "^| regrab |" "$dir"/nyt25*.md | head -1
 done
