@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model.checkpoint import build_model, config_for_method
 from model.encoder_cache import LowerCache, encode_all
 from model.episodes import Episodes, EpisodeSampler, episode_accuracy
-from model.regrab import build_model, config_from_params
+from pipeline.config import load_params
 from pipeline.io import read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 
@@ -36,8 +37,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     table = read_parquet(args.split / "test.parquet", FEWSHOT_SCHEMA)
     relations = table.column("relation").to_pylist()
-    model = build_model(config_from_params({"train_layers": 1, "freeze_top_kv": True},
-                                           "regrab_no_prior"), None).eval()
+    section = load_params("params.yaml", "model")
+    section["encoder"].update({"train_layers": 1, "freeze_top_kv": True})
+    model = build_model(config_for_method(section, "regrab_no_prior"), None).eval()
     tokens = model.encoder.tokenize(table)
     sampler = EpisodeSampler(relations)
     episodes = sampler.sample(np.random.default_rng(0), 5, 5, 5, args.episodes)

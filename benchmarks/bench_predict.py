@@ -6,7 +6,7 @@ are predicted in chunks, as ``regrab-predict`` does. The peer is the encoder alo
 forward (``SentenceEncoder.forward``, whole model, batches of the same size, sorted by length
 as ``predict`` sorts them) on the same query sentences, i.e. the floor any predictor pays.
 
-The checkpoint is ``--checkpoint`` when given (e.g. ``models/split_0/regrab/model.pt``),
+The checkpoint is ``--checkpoint`` when given (e.g. ``models/nyt25/split_0/regrab/model.pt``),
 otherwise an untrained REGRAB built from ``params.yaml``'s ``model`` section and the relation
 graph in ``data/`` (speed does not depend on the weights).
 

@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model.checkpoint import build_model, config_for_method
 from model.encoder_cache import LowerCache, encode_rows
 from model.episodes import EpisodeSampler, gather_episodes
 from model.graph_prior import RelationGraph
-from model.regrab import build_model, config_from_params
+from pipeline.config import load_params
 from pipeline.io import read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 
@@ -103,7 +104,9 @@ def main() -> None:
         ("regrab step, no cache, padded to 128", {}, False, 128, False),
     ]:
         torch.manual_seed(0)
-        model = build_model(config_from_params({"train_layers": 1, **params}, "regrab"), graph)
+        section = load_params("params.yaml", "model")
+        section["encoder"].update({"train_layers": 1, "freeze_top_kv": False, **params})
+        model = build_model(config_for_method(section, "regrab"), graph)
         model.train()
         tokens = model.encoder.tokenize(table)
         cache = LowerCache() if cached else None

@@ -12,7 +12,7 @@ A bad support row or checkpoint stops with one ``error:`` line; a bad query (mar
 or unbalanced, a span outside the sentence, not JSON) is skipped and counted in the summary.
 
 Usage:
-    regrab-predict --checkpoint models/split_0/regrab/model.pt \
+    regrab-predict --checkpoint models/nyt25/split_0/regrab/model.pt \
         --support tests/data/predict/support.jsonl --queries tests/data/predict/queries.jsonl \
         --out preds.jsonl [--zero-shot P452] [--threshold 0.5] [--seed 0] [--device auto]
 """

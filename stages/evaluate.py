@@ -78,7 +78,7 @@ class EvalConfig:
     """``params.yaml`` section ``evaluate``.
 
     Attributes:
-        methods: trained methods to evaluate (each needs ``models/split_i/<method>/model.pt``).
+        methods: trained methods to evaluate (each needs ``<models>/split_i/<method>/model.pt``).
         settings: ``{N}w{K}s`` settings; K = 0 is zero-shot (regrab only).
         episodes: episodes per setting and split.
         queries: queries per way.
