@@ -25,11 +25,17 @@ SGLD (Welling and Teh, 2011) with a per-way preconditioner P_r:
 For ``gaussian``, ``P_r = s_r^2`` (the exact posterior variance), so the chain moves on the
 posterior's own scale: a step of eps = 1 halves the distance to the mean and the noise has
 the posterior's spread, whatever the encoding norm. For the softmax likelihoods P = 1 (the
-paper's update). Chains start at ``m_r + a * h_r - b * m`` (appendix A: a = b = 1). With
-K = 0 there is no support and the chains sample the prior, ``N(h_r, lambda^-1 I)``.
+paper's update). Chains start at ``m_r + a * h_r - b * m`` (appendix A: a = b = 1). On the
+``gaussian`` target the chain is linear, so :meth:`LangevinSampler.gaussian_chain` draws its
+state after the M steps from its exact law in one draw (the same distribution as M steps of
+:func:`langevin_step`, which the tests check; the stationary variance of a step of eps is
+``s^2 / (1 - eps/4)``, slightly wider than the posterior's, as for any unadjusted Langevin
+chain). With K = 0 there is no support: the ``gaussian`` posterior is the prior,
+``N(h_r, lambda^-1 I)``, and is sampled; the softmax likelihoods keep the paper's ``v = h``.
 
-Every step is differentiable with respect to the support encodings, h, lambda and sigma^2,
-so training reaches the encoder, the GCN and the scales through the samples.
+Everything is differentiable with respect to the support encodings, h, lambda and sigma^2,
+so training reaches the encoder, the GCN and (``scales: learned``) the scales through the
+samples.
 
 Shapes:
     B episodes, S samples, N ways, K shots, Q queries, D encoding size.
