@@ -64,8 +64,8 @@ def checkpoints(models: Path, methods: list[str]) -> dict[str, dict[str, Path]]:
 def sort_relations(table: pa.Table, needed: int, trained: set[str],
                    keep_trained: bool) -> tuple[pa.Table, dict[str, Any]]:
     """Drop relations with too few sentences and, unless kept, those a model trained on."""
-    counts = dict(zip(*table.group_by("relation").aggregate([("relation", "count")])
-                      .to_pydict().values(), strict=True))
+    grouped = table.group_by("relation").aggregate([("relation", "count")]).to_pydict()
+    counts = dict(zip(grouped["relation"], grouped["relation_count"], strict=True))
     small = {r: n for r, n in sorted(counts.items()) if n < needed}
     seen = sorted(set(counts) & trained)
     drop = set(small) | (set() if keep_trained else set(seen))
