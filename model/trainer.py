@@ -23,13 +23,21 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from model.checkpoint import build_model, config_for_method, read_payload, save_model, save_payload
+from model.checkpoint import (
+    Method,
+    build_model,
+    config_for_method,
+    read_payload,
+    save_model,
+    save_payload,
+)
 from model.encoder import TokenizedSet
 from model.encoder_cache import LowerCache, encode_all, encode_rows
 from model.episodes import EpisodeSampler, Setting, episode_accuracy, gather_episodes
 from model.graph_prior import RelationGraph
 from model.langevin import heldout_scales
 from model.regrab import FewShotModel
+from pipeline.config import field
 from pipeline.errors import PipelineError
 from pipeline.io import read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
@@ -38,27 +46,79 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Schedule:
-    """What one training run needs of the ``train`` section (see stages/train.py)."""
+class TrainConfig:
+    """``params.yaml`` section ``train`` (read by stages/train.py).
 
-    steps: int
-    ways: tuple[int, ...]
-    shots: tuple[int, ...]
-    zero_shot_rate: float
-    queries: int
-    lr_encoder: float
-    lr_head: float
-    lr_scales: float
-    weight_decay: float
-    warmup: float
-    max_grad_norm: float
-    val_every: int
-    val_episodes: int
+    Attributes:
+        methods: methods to train (regrab, regrab_no_prior, mtb, proto).
+        splits: which split folders to use (empty: every ``split_*`` found).
+        per_setting: the paper's protocol: one model per listed setting (e.g. ``[5w1s,
+            5w5s]``) in ``{method}/{setting}/``, trained on that N and K only (K = 0:
+            regrab only). Empty: one model per method on mixed N and K.
+        steps: optimisation steps (one episode each) per split and method.
+        ways: N drawn uniformly per step (values above the training relations are dropped).
+        shots: K drawn uniformly per step (one model covers every K).
+        zero_shot_rate: probability of a K=0 episode for regrab (trains the prior directly).
+        queries: Q/N queries per way.
+        lr_encoder: AdamW learning rate of the trained encoder layers.
+        lr_head: AdamW learning rate of the head (GCN prior, fallback vector).
+        lr_scales: AdamW learning rate of REGRAB's log lambda and log sigma^2 (no decay).
+        weight_decay: AdamW weight decay.
+        warmup: fraction of steps with linear warm-up, then linear decay to 0.
+        max_grad_norm: gradient clipping.
+        val_every: validate (and keep the best model) every this many steps and at the end.
+        val_episodes: episodes per validation setting (fixed, seeded).
+        val_settings: validation settings on the validation relations.
+        checkpoint_every: write ``state.pt`` (resume point) every this many steps.
+        seed: seed of episodes, initialisation, dropout and Langevin noise.
+        device: auto | cpu | cuda.
+        encode_batch: sentences per batch when encoding a whole split.
+        dvclive: log curves with dvclive under ``{out}/split_i/{method}/dvclive``.
+        evidence_weight: weight of REGRAB's empirical-Bayes term, minus the log marginal
+            likelihood of the episode's labelled sentences per dimension (gaussian
+            likelihood only; see :func:`model.langevin.log_evidence`); 0 turns it off.
+        threads: torch intra-op threads (0 = torch default). On our shared 2-core machine
+            two OpenMP threads made every small op wait for a busy core: a cached-encoding
+            step took 0.95 s with 2 threads and 0.06 s with 1 (benchmarks/bench_train.py).
+    """
+
+    methods: tuple[Method, ...]
+    splits: tuple[str, ...]
+    per_setting: tuple[str, ...]
+    steps: int = field(ge=1)
+    ways: tuple[int, ...] = field(ge=2)
+    shots: tuple[int, ...] = field(ge=0)
+    zero_shot_rate: float = field(ge=0, le=1)
+    queries: int = field(ge=1)
+    lr_encoder: float = field(ge=0)
+    lr_head: float = field(ge=0)
+    lr_scales: float = field(ge=0)
+    weight_decay: float = field(ge=0)
+    warmup: float = field(ge=0, le=1)
+    max_grad_norm: float = field(gt=0)
+    val_every: int = field(ge=1)
+    val_episodes: int = field(ge=1)
     val_settings: tuple[str, ...]
-    checkpoint_every: int
-    encode_batch: int
+    checkpoint_every: int = field(ge=1)
+    seed: int
+    device: str
+    encode_batch: int = field(ge=1)
     dvclive: bool
-    evidence_weight: float
+    evidence_weight: float = field(ge=0)
+    threads: int = field(ge=0)
+
+    def __post_init__(self) -> None:
+        for s in (*self.val_settings, *self.per_setting):
+            Setting.parse(s)
+        if not self.methods or not self.ways or not self.shots:
+            raise ValueError("train.methods, train.ways and train.shots must not be empty")
+
+    def schedule(self, setting: Setting | None) -> TrainConfig:
+        """The config of one run; with ``setting`` only that N-way K-shot (paper protocol)."""
+        if setting is None:
+            return self
+        return dataclasses.replace(self, ways=(setting.ways,), shots=(setting.shots,),
+                                   zero_shot_rate=1.0 if setting.shots == 0 else 0.0)
 
 
 class TokenCache:
@@ -85,7 +145,7 @@ class Run:
     model: FewShotModel
     method: str
     name: str
-    sched: Schedule
+    sched: TrainConfig
     train_tok: TokenizedSet
     val_tok: TokenizedSet
     train_s: EpisodeSampler
@@ -115,7 +175,7 @@ def lr_lambda(steps: int, warmup: float):
     return f
 
 
-def make_optimizer(model: FewShotModel, sched: Schedule) -> torch.optim.Optimizer:
+def make_optimizer(model: FewShotModel, sched: TrainConfig) -> torch.optim.Optimizer:
     """AdamW with groups for the trained encoder layers, the head and the sampler's scales.
 
     The scales (log lambda, log sigma^2) get their own rate: at the head's rate they moved
@@ -135,7 +195,7 @@ def make_optimizer(model: FewShotModel, sched: Schedule) -> torch.optim.Optimize
     return torch.optim.AdamW(groups, weight_decay=sched.weight_decay)
 
 
-def prepare(split_dir: Path, method: str, params: dict[str, Any], sched: Schedule,
+def prepare(split_dir: Path, method: str, params: dict[str, Any], sched: TrainConfig,
             graph: RelationGraph | None, device: str, tokens: TokenCache,
             lower_cache: LowerCache, seed: int, seed_key: tuple[int, ...]) -> Run:
     """Build the model, samplers, optimizer and RNGs of a fresh run, checking the split."""

@@ -186,6 +186,20 @@ def _check_limits(value: Any, limits: dict[str, float], key: str) -> None:
                 raise _bad(key, value, f"a number {expected}")
 
 
+def merged(base: dict, overrides: dict) -> dict:
+    """``base`` with ``overrides`` merged in, recursively for nested mappings.
+
+    How a partial params file (a preset, a test's few keys) lays over ``params.yaml``.
+    """
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def data_mirror() -> Path | None:
     """The data mirror folder from ``REGRAB_DATA_MIRROR``, or None when unset."""
     value = os.environ.get(MIRROR_ENV)

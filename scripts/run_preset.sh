@@ -17,7 +17,7 @@ import sys
 
 import yaml
 
-from tests.conftest import merged
+from pipeline.config import merged
 
 out, *profiles = sys.argv[1:]
 params = yaml.safe_load(open("params.yaml"))

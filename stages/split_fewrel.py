@@ -13,8 +13,6 @@ the layout of the NYT-25 splits, so ``train`` and ``evaluate`` run on it unchang
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import field, load_section
 from pipeline.errors import PipelineError, run_cli
-from pipeline.io import read_parquet, write_parquet, write_yaml
+from pipeline.io import atomic_dir, read_parquet, write_parquet, write_yaml
 from pipeline.schemas import FEWSHOT_SCHEMA
 
 
@@ -86,21 +84,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parts = make_split(read_parquet(args.train, FEWSHOT_SCHEMA),
                        read_parquet(args.test, FEWSHOT_SCHEMA), cfg)
     summary: dict[str, Any] = {"splits": {"split_0": {"seed": cfg.seed}}}
-    # The folder appears whole or not at all.
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.", dir=args.out.parent))
-    try:
+    with atomic_dir(args.out) as tmp:  # the folder appears whole or not at all
         for name, table in parts.items():
             write_parquet(table, tmp / "split_0" / f"{name}.parquet", FEWSHOT_SCHEMA)
             rels = sorted(set(table.column("relation").to_pylist()))
             summary["splits"]["split_0"][name] = rels
             print(f"{name}: {table.num_rows} sentences of {len(rels)} relations")
         write_yaml(summary, tmp / "splits.yaml")
-        if args.out.exists():
-            shutil.rmtree(args.out)
-        tmp.rename(args.out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return summary
 
 

@@ -19,102 +19,30 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model.checkpoint import METHODS, Method, ModelParams
+from model.checkpoint import METHODS, ModelParams
 from model.encoder_cache import LowerCache
 from model.episodes import Setting
 from model.graph_prior import RelationGraph
-from model.trainer import Schedule, TokenCache, finish, finished_summary, prepare, resume, train
-from pipeline.config import field, load_params, parse_section, select_device, set_threads
+from model.trainer import (
+    TokenCache,
+    TrainConfig,
+    finish,
+    finished_summary,
+    prepare,
+    resume,
+    train,
+)
+from pipeline.config import load_params, parse_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import file_digest, read_parquet, remove_stale_temporaries, write_json
 from pipeline.schemas import GRAPH_SCHEMA
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """``params.yaml`` section ``train``.
-
-    Attributes:
-        methods: methods to train (regrab, regrab_no_prior, mtb, proto).
-        splits: which split folders to use (empty: every ``split_*`` found).
-        per_setting: the paper's protocol: one model per listed setting (e.g. ``[5w1s,
-            5w5s]``) in ``{method}/{setting}/``, trained on that N and K only (K = 0:
-            regrab only). Empty: one model per method on mixed N and K.
-        steps: optimisation steps (one episode each) per split and method.
-        ways: N drawn uniformly per step (values above the training relations are dropped).
-        shots: K drawn uniformly per step (one model covers every K).
-        zero_shot_rate: probability of a K=0 episode for regrab (trains the prior directly).
-        queries: Q/N queries per way.
-        lr_encoder: AdamW learning rate of the trained encoder layers.
-        lr_head: AdamW learning rate of the head (GCN prior, fallback vector).
-        lr_scales: AdamW learning rate of REGRAB's log lambda and log sigma^2 (no decay).
-        weight_decay: AdamW weight decay.
-        warmup: fraction of steps with linear warm-up, then linear decay to 0.
-        max_grad_norm: gradient clipping.
-        val_every: validate (and keep the best model) every this many steps and at the end.
-        val_episodes: episodes per validation setting (fixed, seeded).
-        val_settings: validation settings on the validation relations.
-        checkpoint_every: write ``state.pt`` (resume point) every this many steps.
-        seed: seed of episodes, initialisation, dropout and Langevin noise.
-        device: auto | cpu | cuda.
-        encode_batch: sentences per batch when encoding a whole split.
-        dvclive: log curves with dvclive under ``{out}/split_i/{method}/dvclive``.
-        evidence_weight: weight of REGRAB's empirical-Bayes term, minus the log marginal
-            likelihood of the episode's labelled sentences per dimension (gaussian
-            likelihood only; see :func:`model.langevin.log_evidence`); 0 turns it off.
-        threads: torch intra-op threads (0 = torch default). On our shared 2-core machine
-            two OpenMP threads made every small op wait for a busy core: a cached-encoding
-            step took 0.95 s with 2 threads and 0.06 s with 1 (benchmarks/bench_train.py).
-    """
-
-    methods: tuple[Method, ...]
-    splits: tuple[str, ...]
-    per_setting: tuple[str, ...]
-    steps: int = field(ge=1)
-    ways: tuple[int, ...] = field(ge=2)
-    shots: tuple[int, ...] = field(ge=0)
-    zero_shot_rate: float = field(ge=0, le=1)
-    queries: int = field(ge=1)
-    lr_encoder: float = field(ge=0)
-    lr_head: float = field(ge=0)
-    lr_scales: float = field(ge=0)
-    weight_decay: float = field(ge=0)
-    warmup: float = field(ge=0, le=1)
-    max_grad_norm: float = field(gt=0)
-    val_every: int = field(ge=1)
-    val_episodes: int = field(ge=1)
-    val_settings: tuple[str, ...]
-    checkpoint_every: int = field(ge=1)
-    seed: int
-    device: str
-    encode_batch: int = field(ge=1)
-    dvclive: bool
-    evidence_weight: float = field(ge=0)
-    threads: int = field(ge=0)
-
-    def __post_init__(self) -> None:
-        for s in (*self.val_settings, *self.per_setting):
-            Setting.parse(s)
-        if not self.methods or not self.ways or not self.shots:
-            raise ValueError("train.methods, train.ways and train.shots must not be empty")
-
-    def schedule(self, setting: Setting | None) -> Schedule:
-        """The per-run schedule; with ``setting`` only that N-way K-shot (paper protocol)."""
-        names = {f.name for f in dataclasses.fields(Schedule)}
-        sched = Schedule(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
-        if setting is None:
-            return sched
-        return dataclasses.replace(sched, ways=(setting.ways,), shots=(setting.shots,),
-                                   zero_shot_rate=1.0 if setting.shots == 0 else 0.0)
 
 
 def split_dirs(splits: Path, names: tuple[str, ...]) -> list[Path]:

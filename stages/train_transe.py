@@ -49,7 +49,12 @@ from model.transe import (  # noqa: E402
 )
 from pipeline.config import field, load_section, select_device, set_threads  # noqa: E402
 from pipeline.errors import PipelineError, run_cli  # noqa: E402
-from pipeline.io import read_parquet, write_json, write_parquet  # noqa: E402
+from pipeline.io import (  # noqa: E402
+    read_parquet,
+    remove_stale_temporaries,
+    write_json,
+    write_parquet,
+)
 from pipeline.schemas import TRIPLES_SCHEMA, embeddings_schema  # noqa: E402
 
 CHECKPOINT_NAME = "transe.pt"
@@ -244,8 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
     if ckpt_path:
         # A kill during a checkpoint write leaves its temporary file behind (atomic_path
         # cannot clean up after SIGKILL); the previous checkpoint is intact.
-        for stale in args.checkpoint_dir.glob(f".{CHECKPOINT_NAME}.*.tmp"):
-            stale.unlink()
+        remove_stale_temporaries(args.checkpoint_dir)
     state = load_transe(ckpt_path, cfg, data_hash) if ckpt_path else None
     if state is not None:
         model.load_state_dict(state["model"])

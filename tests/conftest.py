@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.config import merged
+
 
 @pytest.fixture(scope="session")
 def mirror() -> Path:
@@ -33,17 +35,6 @@ def fewrel_record(tokens: list[str], head: list[int], tail: list[int],
 
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def merged(base: dict, overrides: dict) -> dict:
-    """``base`` with ``overrides`` merged in, recursively for nested mappings."""
-    out = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def project_params(**sections: dict) -> dict:

@@ -31,7 +31,7 @@ SCHEMAS = {
     "train_transe": "stages.train_transe:TrainTransEParams",
     "build_graph": "stages.build_graph:BuildGraphParams",
     "model": "model.checkpoint:ModelParams",
-    "train": "stages.train:TrainConfig",
+    "train": "model.trainer:TrainConfig",
     "evaluate": "stages.evaluate:EvalConfig",
 }
 
