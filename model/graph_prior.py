@@ -2,9 +2,25 @@
 
 F is a graph convolutional network (Kipf & Welling) over the global relation graph whose node
 features are relation embeddings (TransE or the authors' own); its last layer projects to the
-sentence-encoding size D so that h_r lives where prototypes live. Relations of a split that are
-missing from the graph get one shared, learned fallback vector (the authors' code silently gave
-them a zero prior); how many there are is logged.
+sentence-encoding size D so that h_r lives where prototypes live.
+
+With ``text: true`` (our addition; the paper's prior reads the embeddings only) each node's
+Wikidata label is read too, by the sentence encoder itself: the label becomes a template
+sentence (:func:`label_sentence`, ``[E1] subject [/E1] <label> [E2] object [/E2]``) and
+
+    h_r = F(G)_r + g * (e_r - mean_r' e_r'),
+
+with e_r that sentence's encoding and g a learned gain. The term lives in the encoding space
+by construction, so it predicts an unseen relation's prototype from its name alone, which a
+map from TransE fitted on a handful of training relations cannot (the empirical-Bayes lambda
+of :mod:`model.langevin` measures how well it predicts). The training stage starts the
+graph term at the mean training encoding (:func:`model.trainer.init_text_prior`). The
+encodings come from the trainer (with gradients, so the encoder learns to place sentences
+near their relation's label) and are kept in a buffer, saved with the model, for evaluation
+and prediction.
+
+Relations of a split that are missing from the graph get one shared, learned fallback vector
+(the authors' code silently gave them a zero prior); how many there are is logged.
 
 Shapes:
     R relations in the graph, F feature size, D encoding size, N ways.
@@ -41,6 +57,8 @@ class GraphPriorConfig:
         normalize_features: scale node features to unit norm first (TransE norms vary).
         scale: initial value of a learned output scale; h_r starts small so the untrained prior
             does not drown the support likelihood.
+        text: add the encoding of each relation's label to h_r (see the module docstring);
+            needs the labels (``stages.train --relations``).
     """
 
     kind: Literal["gcn", "mlp"]
@@ -48,6 +66,23 @@ class GraphPriorConfig:
     hidden: int = field(ge=1)
     normalize_features: bool
     scale: float
+    text: bool
+
+
+#: Words around a relation label in its template sentence; the markers go round the two ends.
+LABEL_TEMPLATE = ("subject", "object")
+
+
+def label_sentence(relation: str, label: str) -> dict:
+    """A relation label as a FEWSHOT_SCHEMA row: ``subject <label words> object``.
+
+    The encoder inserts its entity markers around ``subject`` (head) and ``object`` (tail)
+    as in any sentence, so marker pooling reads the label between them.
+    """
+    words = [LABEL_TEMPLATE[0], *label.split(), LABEL_TEMPLATE[1]]
+    return {"instance_id": f"label-{relation}", "relation": relation, "relation_name": label,
+            "tokens": words, "head_start": 0, "head_end": 1, "tail_start": len(words) - 1,
+            "tail_end": len(words), "head_id": None, "tail_id": None}
 
 
 @dataclass
@@ -58,10 +93,15 @@ class RelationGraph:
     features: torch.Tensor  # (R, F)
     edge_index: torch.Tensor  # (2, E)
     edge_weight: torch.Tensor  # (E,)
+    labels: list[str | None] | None = None  # per relation; None: no labels were given
 
     @classmethod
-    def from_tables(cls, graph: pa.Table, features: pa.Table) -> RelationGraph:
-        """Build from GRAPH_SCHEMA and embeddings_schema tables; edges to unknown nodes dropped."""
+    def from_tables(cls, graph: pa.Table, features: pa.Table,
+                    relations: pa.Table | None = None) -> RelationGraph:
+        """Build from GRAPH_SCHEMA and embeddings_schema tables; edges to unknown nodes dropped.
+
+        ``relations`` (RELATIONS_SCHEMA) gives each node its label; nodes it lacks get none.
+        """
         rel = features.column("relation").to_pylist()
         if len(rel) == 0:
             raise PipelineError("relation feature table is empty; rebuild data/features")
@@ -84,7 +124,15 @@ class RelationGraph:
         edge_index = torch.tensor(
             [[index[src[i]] for i in keep], [index[dst[i]] for i in keep]], dtype=torch.long
         ).reshape(2, -1)
-        return cls(rel, feats, edge_index, torch.from_numpy(weight[keep].copy()))
+        labels = None
+        if relations is not None:
+            named = dict(zip(relations.column("relation").to_pylist(),
+                             relations.column("label").to_pylist(), strict=True))
+            labels = [(named.get(r) or "").strip() or None for r in rel]
+            if not any(labels):
+                raise PipelineError("the relations table labels none of the graph's relations; "
+                                    "rebuild data/wikidata/relations.parquet")
+        return cls(rel, feats, edge_index, torch.from_numpy(weight[keep].copy()), labels)
 
 
 class GraphPrior(nn.Module):
@@ -113,6 +161,12 @@ class GraphPrior(nn.Module):
         self.convs = nn.ModuleList(GCNConv(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
         self.scale = nn.Parameter(torch.tensor(float(config.scale)))
         self.fallback = nn.Parameter(torch.zeros(out_dim))
+        # Label encodings (text: true): e_r - mean, 0 for unlabelled rows; saved with the model.
+        self.labels = graph.labels
+        if config.text:
+            self.text_gain = nn.Parameter(torch.tensor(1.0))
+            self.register_buffer("text", torch.zeros(len(self.relations), out_dim))
+            self.register_buffer("text_mean", torch.zeros(out_dim))
 
     def _propagate(self, x: torch.Tensor) -> torch.Tensor:
         """``A_hat x`` with GCNConv's normalisation (self-loops, symmetric degree scaling).
@@ -149,8 +203,48 @@ class GraphPrior(nn.Module):
         """Graph row of each relation, -1 for relations absent from the graph."""
         return torch.tensor([self._index.get(r, -1) for r in relations], dtype=torch.long)
 
+    def label_rows(self) -> tuple[list[int], pa.Table]:
+        """The graph rows that have a label and their template sentences (FEWSHOT_SCHEMA)."""
+        from pipeline.schemas import FEWSHOT_SCHEMA
+
+        if self.labels is None:
+            raise PipelineError(
+                "model.prior.text needs the relations' labels: pass --relations "
+                "data/wikidata/relations.parquet to the train stage, or set "
+                "model.prior.text: false"
+            )
+        rows = [i for i, lab in enumerate(self.labels) if lab]
+        table = pa.Table.from_pylist(
+            [label_sentence(self.relations[i], self.labels[i]) for i in rows],
+            schema=FEWSHOT_SCHEMA)
+        return rows, table
+
+    @torch.no_grad()
+    def set_text(self, rows: list[int], encodings: torch.Tensor) -> None:
+        """Store the label encodings of graph ``rows``, centred on their mean.
+
+        Shapes:
+            encodings: (len(rows), D)
+        """
+        mean = encodings.mean(0)
+        self.text_mean.copy_(mean)
+        self.text.zero_()
+        self.text[torch.as_tensor(rows, device=self.text.device)] = encodings - mean
+
+    def _text_term(self, rows: torch.Tensor, text: torch.Tensor | None) -> torch.Tensor:
+        """``g (e_r - mean)``: from fresh encodings ``text`` if given (NaN rows: no label),
+        else from the buffer.
+
+        Shapes:
+            rows: (...,), text: (..., D) or None -> (..., D)
+        """
+        if text is None:
+            return self.text_gain * self.text[rows]
+        fresh = torch.nan_to_num(text - self.text_mean, nan=0.0)
+        return self.text_gain * fresh
+
     def node_states(self) -> torch.Tensor:
-        """GCN output for every relation of the graph.
+        """GCN output (plus the label term) for every relation of the graph.
 
         Shapes:
             -> (R, D)
@@ -158,18 +252,28 @@ class GraphPrior(nn.Module):
         x = self._first_layer(None)
         for conv in self.convs[1:]:
             x = conv(torch.relu(x), self.edge_index, self.edge_weight)
-        return x * self.scale  # (R, D)
+        x = x * self.scale  # (R, D)
+        if self.config.text:
+            x = x + self.text_gain * self.text
+        return x
 
-    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+    def forward(self, rows: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
         """Prior means for graph rows (-1 = fallback).
 
+        ``text`` (``text: true`` only): the rows' label encodings computed just now (with
+        gradients, during training), NaN where a relation has no label; else the buffer's.
+
         Shapes:
-            rows: (...,) -> (..., D)
+            rows: (...,), text: (..., D) or None -> (..., D)
         """
         safe = rows.clamp(min=0).to(self.features.device)
         if len(self.convs) == 1:
             h = self._first_layer(safe.reshape(-1)).reshape(*safe.shape, -1) * self.scale
         else:
             h = self.node_states()[safe]  # (..., D)
+        if self.config.text and len(self.convs) == 1:
+            h = h + self._text_term(safe, text)
+        elif self.config.text and text is not None:  # node_states() added the buffer's term
+            h = h - self.text_gain * self.text[safe] + self._text_term(safe, text)
         unknown = (rows < 0).to(h.device)[..., None]
         return torch.where(unknown, self.fallback.expand_as(h), h)

@@ -62,18 +62,21 @@ class RegrabHead(nn.Module):
         """
         return None if self.prior is None else self.prior.node_states()
 
-    def prior_means(self, states: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+    def prior_means(self, states: torch.Tensor | None, rows: torch.Tensor,
+                    text: torch.Tensor | None = None) -> torch.Tensor:
         """h_r for the ways of each episode (``rows`` from :meth:`GraphPrior.index`).
 
-        ``states=None`` computes only the rows needed (cheapest for one training episode).
+        ``states=None`` computes only the rows needed (cheapest for one training episode);
+        ``text`` passes the rows' label encodings computed just now (see
+        :meth:`GraphPrior.forward`).
 
         Shapes:
-            states: (R, D) or None, rows: (B, N) -> (B, N, D)
+            states: (R, D) or None, rows: (B, N), text: (B, N, D) or None -> (B, N, D)
         """
         if self.prior is None:
             return torch.zeros(*rows.shape, self.dim, device=rows.device)
-        if states is None:
-            return self.prior(rows)
+        if states is None or text is not None:
+            return self.prior(rows, text)
         h = states[rows.clamp(min=0)]  # (B, N, D)
         unknown = (rows < 0)[..., None]
         return torch.where(unknown, self.prior.fallback.expand_as(h), h)

@@ -139,6 +139,21 @@ class TokenCache:
 
 
 @dataclass
+class LabelSentences:
+    """The relation labels' template sentences of a prior with ``text: true``.
+
+    Attributes:
+        tokens: one tokenized sentence per labelled relation.
+        rows: the graph row of each sentence.
+        sentence_of: per graph row, its sentence (-1: no label).
+    """
+
+    tokens: TokenizedSet
+    rows: list[int]
+    sentence_of: torch.Tensor  # (R,)
+
+
+@dataclass
 class Run:
     """Everything one training run carries from step to step."""
 
@@ -161,6 +176,7 @@ class Run:
     step: int = 0
     best: float = -1.0
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    labels: LabelSentences | None = None
 
 
 def lr_lambda(steps: int, warmup: float):
@@ -228,6 +244,11 @@ def prepare(split_dir: Path, method: str, params: dict[str, Any], sched: TrainCo
         for tok in (train_tok, val_tok):
             order = np.argsort([len(x) for x in tok.ids], kind="stable")
             cache.states(model.encoder, tok, order, sched.encode_batch, progress=True)
+    labels = None
+    if model.prior is not None and model.prior.config.text:
+        labels = label_sentences(model, cache, sched.encode_batch)
+        refresh_text(model, labels, cache, sched.encode_batch)
+        init_text_prior(model, encode_all(model.encoder, train_tok, cache, sched.encode_batch))
     optimizer = make_optimizer(model, sched)
     return Run(
         model=model, method=method, name=f"{split_dir.name}/{method}", sched=sched,
@@ -237,8 +258,62 @@ def prepare(split_dir: Path, method: str, params: dict[str, Any], sched: TrainCo
                                                                           sched.warmup)),
         rng=np.random.default_rng(int(seeds[1])),
         noise=torch.Generator(device=device).manual_seed(int(seeds[2])),
-        val_seed=int(seeds[1]),
+        val_seed=int(seeds[1]), labels=labels,
     )
+
+
+def label_sentences(model: FewShotModel, cache: LowerCache | None,
+                    batch_size: int) -> LabelSentences:
+    """Tokenize the prior's relation labels (and fill the frozen-layer cache with them)."""
+    rows, table = model.prior.label_rows()
+    tokens = model.encoder.tokenize(table)
+    if cache is not None:
+        cache.states(model.encoder, tokens, np.arange(len(rows)), batch_size)
+    sentence_of = torch.full((len(model.prior.relations),), -1, dtype=torch.long)
+    sentence_of[torch.as_tensor(rows)] = torch.arange(len(rows))
+    return LabelSentences(tokens, rows, sentence_of)
+
+
+@torch.no_grad()
+def init_text_prior(model: FewShotModel, enc: torch.Tensor) -> None:
+    """Start the prior mean at ``mean training encoding + (e_r - mean e)``, not near 0.
+
+    The last GCN layer's bias is set so that the graph term starts at the mean encoding of
+    the training sentences; the label term's gain starts at 1. (A gain fitted by least
+    squares on the training relations' mean encodings did worse on the tuning relations:
+    README, Findings.)
+
+    Shapes:
+        enc: (n, D) encodings of the training sentences
+    """
+    prior = model.prior
+    prior.convs[-1].bias.copy_(enc.mean(0) / prior.scale)
+
+
+def refresh_text(model: FewShotModel, labels: LabelSentences, cache: LowerCache | None,
+                 batch_size: int) -> None:
+    """Re-encode every label with the encoder as it is now, into the prior's buffer."""
+    enc = encode_all(model.encoder, labels.tokens, cache, batch_size)
+    model.prior.set_text(labels.rows, enc)
+
+
+def label_encodings(run: Run, rows: torch.Tensor) -> torch.Tensor | None:
+    """The label encodings of graph ``rows`` with gradients, NaN where there is no label
+    (None when no row has one).
+
+    Shapes:
+        rows: (B, N) -> (B, N, D)
+    """
+    idx = torch.where(rows >= 0, run.labels.sentence_of[rows.clamp(min=0).cpu()].to(rows.device),
+                      -1)
+    present = idx >= 0
+    if not bool(present.any()):
+        return None
+    enc = encode_rows(run.model.encoder, run.labels.tokens, idx[present].cpu().numpy(),
+                      run.cache, batch_size=max(int(present.sum()), 1))
+    out = torch.full((*rows.shape, enc.shape[-1]), float("nan"), device=enc.device,
+                     dtype=enc.dtype)
+    return out.index_put((present,), enc)
 
 
 def resume(run: Run, state_path: Path, params: dict[str, Any]) -> bool:
@@ -283,7 +358,11 @@ def train_step(run: Run) -> tuple[float, int, int]:
     local = type(ep)(ep.relation, np.arange(n * k).reshape(1, n, k),
                      n * k + np.arange(n * sched.queries).reshape(1, n, sched.queries))
     support, query, labels = gather_episodes(enc, local)
-    h = run.model.head.prior_means(None, run.train_rows[torch.from_numpy(ep.relation)])
+    prior_rows = run.train_rows[torch.from_numpy(ep.relation)]  # (1, N)
+    if run.labels is not None:
+        h = run.model.head.prior_means(None, prior_rows, label_encodings(run, prior_rows))
+    else:
+        h = run.model.head.prior_means(None, prior_rows)
     log_p = run.model.head.log_predictive(support, query, h, run.noise)  # (1, Q, N)
     loss = torch.nn.functional.nll_loss(log_p.reshape(-1, n), labels.reshape(-1))
     head = run.model.head
@@ -325,10 +404,13 @@ def validate(run: Run) -> float:
     """Mean accuracy (%) over ``val_settings`` on fixed episodes of the validation split.
 
     With ``scales: heldout`` REGRAB's lambda and sigma^2 are re-estimated on these relations
-    first, so the model kept as best carries the scales it was validated with.
+    first, and a prior that reads relation labels re-encodes them, so the model kept as best
+    carries the prior it was validated with.
     """
     model, sched = run.model, run.sched
     model.eval()
+    if run.labels is not None:
+        refresh_text(model, run.labels, run.cache, sched.encode_batch)
     enc = encode_all(model.encoder, run.val_tok, run.cache, sched.encode_batch)
     rows = model.rows(run.val_s.relations)
     fitted = fit_heldout_scales(model.head, enc, run.val_s, rows)

@@ -7,6 +7,8 @@ set -euo pipefail
 OUT_DIR=${OUT_DIR:-/tmp/ablations}
 declare -A VARIANT=(
   [mlp_prior]="model: {prior: {kind: mlp}}"
+  [graph_only]="model: {prior: {text: false}}"
+  [mlp_graph_only]="model: {prior: {kind: mlp, text: false}}"
   [official_graph]=""
   [no_noise]="model: {langevin: {noise_train: false, noise_eval: false}}"
   [dot]="model: {langevin: {similarity: dot}}"
@@ -23,7 +25,7 @@ declare -A VARIANT=(
     init_prior_weight: 1.0, init_mean_weight: 1.0}}"
 )
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(mlp_prior official_graph no_noise dot steps_0)
+[ ${#names[@]} -gt 0 ] || names=(graph_only mlp_prior official_graph no_noise dot steps_0)
 for name in "${names[@]}"; do
   dir="$OUT_DIR/$name"; mkdir -p "$dir"
   {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Train and evaluate NYT-25 with the GPU preset (or, with PRESET=none, the CPU default)
 # without DVC, e.g. on a lent GPU machine that has torch but no dvc. Needs data/splits,
-# data/graph/graph.parquet and data/features/transe.parquet from `dvc repro build_graph
-# split_nyt` (or GRAPH and FEATURES) and, optionally, an encoder folder (ENCODER).
+# data/graph/graph.parquet, data/features/transe.parquet and data/wikidata/relations.parquet
+# from `dvc repro build_graph split_nyt` (or GRAPH, FEATURES and RELATIONS) and, optionally,
+# an encoder folder (ENCODER).
 #   ENCODER=.enc/minilm OUT_DIR=/tmp/gpu [MODELS_DIR=...] bash scripts/run_preset.sh [params]
 set -euo pipefail
 OUT_DIR=${OUT_DIR:-/tmp/gpu_preset}
@@ -31,6 +32,7 @@ PY
 "${PYTHON:-python3}" -m stages.train --splits data/splits \
   --graph "${GRAPH:-data/graph/graph.parquet}" \
   --features "${FEATURES:-data/features/transe.parquet}" \
+  --relations "${RELATIONS:-data/wikidata/relations.parquet}" \
   --out "$MODELS_DIR" --params "$OUT_DIR/params.yaml"
 "${PYTHON:-python3}" -m stages.evaluate --splits data/splits --models "$MODELS_DIR" \
   --metrics "$OUT_DIR/$NAME.json" --table "$OUT_DIR/$NAME.md" \

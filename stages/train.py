@@ -13,7 +13,8 @@ plus optimizer, scheduler and RNG states).
 
 Usage:
     python -m stages.train --splits data/splits --graph data/graph/graph.parquet \
-        --features data/features/transe.parquet --out models [--params params.yaml]
+        --features data/features/transe.parquet \
+        --relations data/wikidata/relations.parquet --out models [--params params.yaml]
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from model.trainer import (
 from pipeline.config import load_params, parse_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import file_digest, read_parquet, remove_stale_temporaries, write_json
-from pipeline.schemas import GRAPH_SCHEMA
+from pipeline.schemas import GRAPH_SCHEMA, RELATIONS_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +57,16 @@ def split_dirs(splits: Path, names: tuple[str, ...]) -> list[Path]:
     return dirs
 
 
-def load_graph(graph_path: Path, features_path: Path) -> RelationGraph:
-    """Read the relation graph and node features tables."""
+def load_graph(graph_path: Path, features_path: Path,
+               relations_path: Path | None = None) -> RelationGraph:
+    """Read the relation graph, node features and (optionally) relation labels tables."""
     graph = read_parquet(graph_path, GRAPH_SCHEMA)
     features = read_parquet(features_path)
     if "relation" not in features.column_names or "embedding" not in features.column_names:
         raise PipelineError(f"{features_path} is not an embeddings table; rebuild data/features")
-    return RelationGraph.from_tables(graph, features)
+    relations = None if relations_path is None else read_parquet(relations_path,
+                                                                 RELATIONS_SCHEMA)
+    return RelationGraph.from_tables(graph, features, relations)
 
 
 def dvclive_logger(out_dir: Path, step: int):
@@ -135,6 +139,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--splits", type=Path, required=True)
     parser.add_argument("--graph", type=Path, required=True)
     parser.add_argument("--features", type=Path, required=True)
+    parser.add_argument("--relations", type=Path, default=None,
+                        help="relation labels (RELATIONS_SCHEMA), read by model.prior.text")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
@@ -143,9 +149,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = parse_section(TrainConfig, params["train"], "train")
     parse_section(ModelParams, params["model"], "model")  # fail before any work
     params["inputs"] = {"graph": file_digest(args.graph), "features": file_digest(args.features)}
+    if args.relations is not None:
+        params["inputs"]["relations"] = file_digest(args.relations)
     set_threads(cfg.threads)
     device = select_device(cfg.device)
-    graph = load_graph(args.graph, args.features) if "regrab" in cfg.methods else None
+    graph = (load_graph(args.graph, args.features, args.relations)
+             if "regrab" in cfg.methods else None)
     # summary.json is written atomically too: a kill during that write leaves its temporary.
     remove_stale_temporaries(args.out)
     tokens, lower_cache = TokenCache(), LowerCache()

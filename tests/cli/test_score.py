@@ -8,7 +8,7 @@ from cli import score
 from pipeline.errors import PipelineError
 from stages import train
 from tests.conftest import project_params
-from tests.model.tiny_regrab import tiny_encoder, toy_graph, toy_splits, toy_table
+from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits, toy_table
 
 TRAIN = {"steps": 2, "ways": [2, 3], "shots": [1, 2], "queries": 2, "val_every": 2,
          "val_episodes": 5, "val_settings": ["2w1s"], "dvclive": False, "device": "cpu",
@@ -30,7 +30,8 @@ def trained(tmp_path_factory):
     p = root / "params.yaml"
     p.write_text(yaml.safe_dump(params))
     train.main(["--splits", str(splits), "--graph", str(graph), "--features", str(features),
-                "--out", str(root / "models"), "--params", str(p)])
+                "--relations", str(labels_of(graph)), "--out", str(root / "models"),
+                "--params", str(p)])
     trained_on = sorted(set(pq.read_table(splits / "split_0" / "train.parquet")
                             .column("relation").to_pylist()))
     return root, p, trained_on

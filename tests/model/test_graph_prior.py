@@ -4,14 +4,15 @@ import pyarrow as pa
 import pytest
 import torch
 
-from model.graph_prior import GraphPrior, GraphPriorConfig, RelationGraph
-from pipeline.schemas import GRAPH_SCHEMA
+from model.graph_prior import GraphPrior, GraphPriorConfig, RelationGraph, label_sentence
+from pipeline.errors import PipelineError
+from pipeline.schemas import GRAPH_SCHEMA, RELATIONS_SCHEMA
 
 
-def _config(layers=1, hidden=5, kind="gcn"):
+def _config(layers=1, hidden=5, kind="gcn", text=False):
     """A full GraphPriorConfig (the dataclass has no defaults)."""
     return GraphPriorConfig(kind=kind, layers=layers, hidden=hidden, normalize_features=True,
-                            scale=1.0)
+                            scale=1.0, text=text)
 
 
 def _graph(dim=6):
@@ -84,3 +85,67 @@ def test_mlp_prior_is_a_feed_forward_network_over_each_embedding(layers):
             x = torch.relu(x)
     assert torch.allclose(prior.node_states(), x, atol=1e-6)
     assert torch.allclose(prior(torch.tensor([0, 2])), x[[0, 2]], atol=1e-6)
+
+
+def _labelled_graph(labels):
+    g, _ = _graph()
+    edges = pa.table({"src": ["P1"], "dst": ["P2"], "weight": pa.array([1.0], pa.float32())},
+                     schema=GRAPH_SCHEMA)
+    features = pa.table({"relation": g.relations, "embedding": pa.FixedSizeListArray.from_arrays(
+        pa.array(g.features.numpy().reshape(-1)), g.features.shape[1])})
+    relations = pa.table({"relation": list(labels), "label": list(labels.values()),
+                          "triple_count": [1] * len(labels)}, schema=RELATIONS_SCHEMA)
+    return RelationGraph.from_tables(edges, features, relations)
+
+
+def test_labels_follow_the_graph_order_and_blank_ones_are_none():
+    g = _labelled_graph({"P3": "author", "P1": "place of birth", "P2": "  ", "P7": "x"})
+    assert g.labels == ["place of birth", None, "author", None]
+    with pytest.raises(PipelineError, match="labels none"):
+        _labelled_graph({"P8": "x"})
+
+
+def test_label_sentence_puts_the_label_between_the_entities():
+    row = label_sentence("P19", "place of birth")
+    assert row["tokens"] == ["subject", "place", "of", "birth", "object"]
+    assert (row["head_start"], row["head_end"], row["tail_start"], row["tail_end"]) == (0, 1, 4, 5)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_text_term_is_centred_gained_and_matches_fresh_encodings(layers):
+    g = _labelled_graph({"P1": "a", "P3": "b c"})
+    prior = GraphPrior(_config(layers=layers, text=True), g, out_dim=3)
+    rows, table = prior.label_rows()
+    assert rows == [0, 2] and table.column("relation").to_pylist() == ["P1", "P3"]
+    enc = torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])
+    plain = GraphPrior(_config(layers=layers), g, out_dim=3)
+    plain.load_state_dict({k: v for k, v in prior.state_dict().items()
+                           if not k.startswith("text")})
+    prior.set_text(rows, enc)
+    with torch.no_grad():
+        prior.text_gain.fill_(2.0)
+    idx = torch.tensor([0, 1, 2])
+    centred = torch.tensor([[-1.0, 0.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, -1.0]])
+    expect = plain(idx) + 2.0 * centred  # the unlabelled P2 gets no text term
+    assert torch.allclose(prior(idx), expect, atol=1e-6)
+    assert torch.allclose(prior.node_states()[idx], expect, atol=1e-6)
+    fresh = torch.tensor([[1.0, 2.0, 3.0], [float("nan")] * 3, [3.0, 2.0, 1.0]],
+                         requires_grad=True)
+    h = prior(idx, fresh)
+    assert torch.allclose(h, expect, atol=1e-6)
+    h.sum().backward()
+    assert fresh.grad[0].abs().sum() > 0 and prior.text_gain.grad is not None
+
+
+def test_text_buffer_travels_in_the_state_dict_without_labels():
+    g = _labelled_graph({"P1": "a", "P2": "b"})
+    prior = GraphPrior(_config(text=True), g, out_dim=3)
+    prior.set_text(*[prior.label_rows()[0], torch.randn(2, 3)])
+    bare = RelationGraph(g.relations, torch.zeros_like(g.features), g.edge_index, g.edge_weight)
+    loaded = GraphPrior(_config(text=True), bare, out_dim=3)
+    loaded.load_state_dict(prior.state_dict(), strict=True)
+    loaded.features.copy_(prior.features)
+    loaded.propagated.copy_(prior.propagated)
+    assert torch.allclose(loaded.node_states(), prior.node_states())
+    with pytest.raises(PipelineError, match="--relations"):
+        loaded.label_rows()

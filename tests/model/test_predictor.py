@@ -19,7 +19,7 @@ from model.predictor import (
 from pipeline.errors import PipelineError
 from pipeline.io import read_parquet
 from tests.conftest import model_config
-from tests.model.tiny_regrab import tiny_encoder, toy_graph, toy_table
+from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_table
 
 RELATIONS = ["P6", "P7", "P8"]
 
@@ -30,7 +30,8 @@ def tiny_checkpoint(folder, method="regrab", **langevin):
     if not enc.exists():
         tiny_encoder(enc)
     gpath, fpath = toy_graph(folder)
-    graph = RelationGraph.from_tables(read_parquet(gpath), read_parquet(fpath))
+    graph = RelationGraph.from_tables(read_parquet(gpath), read_parquet(fpath),
+                                      read_parquet(labels_of(gpath)))
     cfg = model_config(method, encoder={"name": str(enc), "train_layers": 1},
                        langevin={"noise_eval": True, "likelihood": "gaussian", **langevin})
     torch.manual_seed(1)

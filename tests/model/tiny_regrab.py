@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.io import write_parquet
-from pipeline.schemas import FEWSHOT_SCHEMA, GRAPH_SCHEMA, embeddings_schema
+from pipeline.schemas import FEWSHOT_SCHEMA, GRAPH_SCHEMA, RELATIONS_SCHEMA, embeddings_schema
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[", "]", "{", "}", "<", ">"]
 WORDS = [f"w{i}" for i in range(30)] + [f"verb{i}" for i in range(10)] + ["the", "of", "."]
@@ -58,7 +58,10 @@ def toy_splits(folder: Path, n_splits: int = 1, per_relation: int = 12) -> Path:
 
 
 def toy_graph(folder: Path, relations: list[str] | None = None, dim: int = 8) -> tuple[Path, Path]:
-    """A ring graph over ``relations`` (default P1..P9) with random features."""
+    """A ring graph over ``relations`` (default P1..P9) with random features.
+
+    Also writes ``relations.parquet`` (their labels, :func:`labels_of`) next to the graph.
+    """
     relations = relations or [f"P{i}" for i in range(1, 10)]
     rng = np.random.default_rng(0)
     feats = rng.normal(size=(len(relations), dim)).astype(np.float32)
@@ -74,4 +77,13 @@ def toy_graph(folder: Path, relations: list[str] | None = None, dim: int = 8) ->
     write_parquet(pa.table({"src": src, "dst": dst,
                             "weight": pa.array([1.0] * len(src), pa.float32())}),
                   gpath, GRAPH_SCHEMA)
+    write_parquet(pa.table({"relation": relations,
+                            "label": [f"verb{i % 10} the w{i}" for i in range(len(relations))],
+                            "triple_count": [1] * len(relations)}),
+                  labels_of(gpath), RELATIONS_SCHEMA)
     return gpath, fpath
+
+
+def labels_of(graph: Path) -> Path:
+    """The relations table :func:`toy_graph` wrote next to ``graph``."""
+    return Path(graph).parent / "relations.parquet"

@@ -10,7 +10,7 @@ from pipeline.io import write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 from stages import evaluate, train
 from tests.conftest import project_params
-from tests.model.tiny_regrab import tiny_encoder, toy_graph, toy_splits, toy_table
+from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits, toy_table
 
 TRAIN = {"steps": 3, "ways": [2, 3], "shots": [1, 2], "queries": 2, "val_every": 3,
          "val_episodes": 5, "val_settings": ["2w1s"], "dvclive": False, "device": "cpu"}
@@ -21,7 +21,8 @@ def _train(tmp_path, splits, params):
     p = tmp_path / "params.yaml"
     p.write_text(yaml.safe_dump(params))
     train.main(["--splits", str(splits), "--graph", str(graph), "--features", str(features),
-                "--out", str(tmp_path / "models"), "--params", str(p)])
+                "--relations", str(labels_of(graph)), "--out", str(tmp_path / "models"),
+                "--params", str(p)])
     return p
 
 

@@ -7,7 +7,7 @@ from pipeline.errors import PipelineError
 from pipeline.io import file_digest
 from stages import train
 from tests.conftest import project_params
-from tests.model.tiny_regrab import tiny_encoder, toy_graph, toy_splits
+from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,8 @@ def _run(inputs, out, **kw):
             str(graph),
             "--features",
             str(features),
+            "--relations",
+            str(labels_of(graph)),
             "--out",
             str(out),
             "--params",
@@ -142,6 +144,8 @@ def test_bad_inputs(inputs, tmp_path):
             str(g2),
             "--features",
             str(f2),
+            "--relations",
+            str(labels_of(g2)),
             "--out",
             str(tmp_path / "g"),
             "--params",
@@ -160,7 +164,29 @@ def test_finished_model_is_retrained_when_the_graph_changes(inputs, tmp_path, ca
     p = _params(root, enc)
     with caplog.at_level("INFO"):
         train.main(["--splits", str(splits), "--graph", str(changed), "--features",
-                    str(features), "--out", str(tmp_path / "m"), "--params", str(p)])
+                    str(features), "--relations", str(labels_of(graph)),
+                    "--out", str(tmp_path / "m"), "--params", str(p)])
     assert "skipped" not in caplog.text
     payload = torch.load(tmp_path / "m/split_0/regrab/model.pt", weights_only=False)
     assert payload["params"]["inputs"]["graph"] == file_digest(changed)
+
+
+def test_label_prior_is_saved_and_needs_the_relations_table(inputs, tmp_path):
+    root, enc, splits, graph, features = inputs
+    _run(inputs, tmp_path / "t")
+    state = _weights(tmp_path / "t/split_0/regrab/model.pt")
+    text = state["head.prior.text"]  # (R, D): every toy relation has a label
+    assert text.shape[0] == 9 and bool((text.norm(dim=1) > 0).all())
+    assert torch.allclose(text.mean(0), torch.zeros(text.shape[1]), atol=1e-5)  # centred
+    assert float(state["head.prior.text_gain"]) >= 0
+    p = _params(root, enc)
+    with pytest.raises(PipelineError, match="--relations"):
+        train.main(["--splits", str(splits), "--graph", str(graph), "--features",
+                    str(features), "--out", str(tmp_path / "n"), "--params", str(p)])
+    off = _params(root, enc)
+    params = yaml.safe_load(off.read_text())
+    params["model"]["prior"]["text"] = False
+    off.write_text(yaml.safe_dump(params))
+    train.main(["--splits", str(splits), "--graph", str(graph), "--features",
+                str(features), "--out", str(tmp_path / "off"), "--params", str(off)])
+    assert "head.prior.text" not in _weights(tmp_path / "off/split_0/regrab/model.pt")

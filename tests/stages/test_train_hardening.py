@@ -13,7 +13,7 @@ import yaml
 
 from stages import train
 from tests.conftest import ROOT, project_params
-from tests.model.tiny_regrab import tiny_encoder, toy_graph, toy_splits
+from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits
 
 pytest.importorskip("dvclive")
 
@@ -40,7 +40,8 @@ def _run(inputs, out: Path, **train_kw) -> dict:
     path = out.parent / f"{out.name}.params.yaml"
     path.write_text(yaml.safe_dump(params))
     return train.main(["--splits", str(splits), "--graph", str(graph), "--features",
-                       str(features), "--out", str(out), "--params", str(path)])
+                       str(features), "--relations", str(labels_of(graph)),
+                       "--out", str(out), "--params", str(path)])
 
 
 def _kill_at(monkeypatch, step: int) -> None:
