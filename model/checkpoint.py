@@ -159,7 +159,11 @@ def load_model(
 ) -> tuple[FewShotModel, dict[str, Any]]:
     """Rebuild a model from a checkpoint alone (no params.yaml, no graph files)."""
     payload = read_payload(path)
-    config = RegrabConfig.from_dict(payload["config"], f"checkpoint {path} config")
+    raw = payload["config"]
+    if isinstance(raw, dict) and isinstance(raw.get("prior"), dict) and "text" not in raw["prior"]:
+        # Written before model.prior.text existed: the prior read the graph only.
+        raw = {**raw, "prior": {**raw["prior"], "text": False}}
+    config = RegrabConfig.from_dict(raw, f"checkpoint {path} config")
     graph = None
     if payload["graph_relations"] is not None:
         n, f = len(payload["graph_relations"]), payload["graph_feature_dim"]

@@ -12,6 +12,7 @@ from model.checkpoint import (
     load_model,
     read_payload,
     save_model,
+    save_payload,
 )
 from model.graph_prior import RelationGraph
 from model.regrab import RegrabHead, mc_log_predictive
@@ -123,6 +124,20 @@ def test_baselines_through_the_same_path():
     with pytest.raises(PipelineError, match="maml"):
         config_for_method(model_config().encoder and
                           __import__("tests.conftest").conftest.project_params()["model"], "maml")
+
+
+def test_checkpoint_from_before_the_label_prior_loads_as_graph_only(tmp_path):
+    enc_dir = tiny_encoder(tmp_path / "bert")
+    cfg = model_config("regrab", encoder={"name": str(enc_dir), "train_layers": 1},
+                       prior={"text": False})
+    model = build_model(cfg, _graph())
+    save_model(tmp_path / "m.pt", model, {"step": 1})
+    payload = read_payload(tmp_path / "m.pt")
+    del payload["config"]["prior"]["text"]  # as written before model.prior.text existed
+    save_payload(tmp_path / "m.pt", payload)
+    loaded, _ = load_model(tmp_path / "m.pt")
+    assert loaded.config.prior.text is False
+    assert torch.equal(model.head.prior_states(), loaded.head.prior_states())
 
 
 def test_checkpoint_roundtrip_without_params(tmp_path):
