@@ -41,6 +41,7 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from pipeline.config import field
 from pipeline.errors import PipelineError
+from pipeline.schemas import FEWSHOT_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +206,6 @@ class GraphPrior(nn.Module):
 
     def label_rows(self) -> tuple[list[int], pa.Table]:
         """The graph rows that have a label and their template sentences (FEWSHOT_SCHEMA)."""
-        from pipeline.schemas import FEWSHOT_SCHEMA
-
         if self.labels is None:
             raise PipelineError(
                 "model.prior.text needs the relations' labels: pass --relations "
@@ -243,16 +242,31 @@ class GraphPrior(nn.Module):
         fresh = torch.nan_to_num(text - self.text_mean, nan=0.0)
         return self.text_gain * fresh
 
+    def _graph_states(self, rows: torch.Tensor | None) -> torch.Tensor:
+        """The GCN term ``F(G) * scale`` for graph ``rows`` (None: every relation).
+
+        With one layer only the rows asked for are computed (``A_hat X`` is precomputed).
+
+        Shapes:
+            rows: (...,) or None -> (..., D) or (R, D)
+        """
+        if len(self.convs) == 1:
+            x = self._first_layer(None if rows is None else rows.reshape(-1))
+            x = x if rows is None else x.reshape(*rows.shape, -1)
+            return x * self.scale
+        x = self._first_layer(None)
+        for conv in self.convs[1:]:
+            x = conv(torch.relu(x), self.edge_index, self.edge_weight)
+        x = x * self.scale  # (R, D)
+        return x if rows is None else x[rows]
+
     def node_states(self) -> torch.Tensor:
         """GCN output (plus the label term) for every relation of the graph.
 
         Shapes:
             -> (R, D)
         """
-        x = self._first_layer(None)
-        for conv in self.convs[1:]:
-            x = conv(torch.relu(x), self.edge_index, self.edge_weight)
-        x = x * self.scale  # (R, D)
+        x = self._graph_states(None)
         if self.config.text:
             x = x + self.text_gain * self.text
         return x
@@ -267,13 +281,8 @@ class GraphPrior(nn.Module):
             rows: (...,), text: (..., D) or None -> (..., D)
         """
         safe = rows.clamp(min=0).to(self.features.device)
-        if len(self.convs) == 1:
-            h = self._first_layer(safe.reshape(-1)).reshape(*safe.shape, -1) * self.scale
-        else:
-            h = self.node_states()[safe]  # (..., D)
-        if self.config.text and len(self.convs) == 1:
+        h = self._graph_states(safe)  # (..., D)
+        if self.config.text:
             h = h + self._text_term(safe, text)
-        elif self.config.text and text is not None:  # node_states() added the buffer's term
-            h = h - self.text_gain * self.text[safe] + self._text_term(safe, text)
         unknown = (rows < 0).to(h.device)[..., None]
         return torch.where(unknown, self.fallback.expand_as(h), h)
