@@ -5,6 +5,9 @@
 # from `dvc repro build_graph split_nyt` (or GRAPH, FEATURES and RELATIONS) and, optionally,
 # an encoder folder (ENCODER).
 #   ENCODER=.enc/minilm OUT_DIR=/tmp/gpu [MODELS_DIR=...] bash scripts/run_preset.sh [params]
+# DEADLINE_S=N trains one split at a time, starts no split after the first once N seconds
+# have passed, and evaluates the splits it trained (for a lease that may not fit all five;
+# the report names them). Models stay in MODELS_DIR, so a rerun resumes where it stopped.
 set -euo pipefail
 OUT_DIR=${OUT_DIR:-/tmp/gpu_preset}
 MODELS_DIR=${MODELS_DIR:-$OUT_DIR/models}
@@ -29,11 +32,48 @@ if os.environ.get("ENCODER"):
     params["model"]["encoder"]["name"] = os.environ["ENCODER"]
 yaml.safe_dump(params, open(out, "w"))
 PY
-"${PYTHON:-python3}" -m stages.train --splits data/splits \
-  --graph "${GRAPH:-data/graph/graph.parquet}" \
-  --features "${FEATURES:-data/features/transe.parquet}" \
-  --relations "${RELATIONS:-data/wikidata/relations.parquet}" \
-  --out "$MODELS_DIR" --params "$OUT_DIR/params.yaml"
+train() {  # train [params file]
+  "${PYTHON:-python3}" -m stages.train --splits data/splits \
+    --graph "${GRAPH:-data/graph/graph.parquet}" \
+    --features "${FEATURES:-data/features/transe.parquet}" \
+    --relations "${RELATIONS:-data/wikidata/relations.parquet}" \
+    --out "$MODELS_DIR" --params "${1:-$OUT_DIR/params.yaml}"
+}
+if [ -n "${DEADLINE_S:-}" ]; then
+  done_splits=()
+  for dir in data/splits/split_*; do
+    split=$(basename "$dir")
+    if [ "${#done_splits[@]}" -gt 0 ] && [ "$SECONDS" -ge "$DEADLINE_S" ]; then
+      echo "run_preset: ${SECONDS}s elapsed (DEADLINE_S=$DEADLINE_S): not starting $split" >&2
+      break
+    fi
+    "${PYTHON:-python3}" - "$OUT_DIR/params.yaml" "$OUT_DIR/params_one.yaml" "$split" <<'PY'
+import sys
+
+import yaml
+
+src, dst, split = sys.argv[1:]
+params = yaml.safe_load(open(src))
+params["train"]["splits"] = [split]
+yaml.safe_dump(params, open(dst, "w"))
+PY
+    train "$OUT_DIR/params_one.yaml"
+    done_splits+=("$split")
+  done
+  # Evaluate exactly the splits trained here (not older models left in MODELS_DIR).
+  "${PYTHON:-python3}" - "$OUT_DIR/params.yaml" "${done_splits[@]}" <<'PY'
+import sys
+
+import yaml
+
+path, *splits = sys.argv[1:]
+params = yaml.safe_load(open(path))
+params["evaluate"]["splits"] = splits
+yaml.safe_dump(params, open(path, "w"))
+PY
+else
+  train
+fi
 "${PYTHON:-python3}" -m stages.evaluate --splits data/splits --models "$MODELS_DIR" \
   --metrics "$OUT_DIR/$NAME.json" --table "$OUT_DIR/$NAME.md" \
   --plot "$OUT_DIR/$NAME.png" --params "$OUT_DIR/params.yaml"

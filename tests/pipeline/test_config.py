@@ -292,8 +292,11 @@ def test_section_that_is_not_a_mapping_rejected():
     rejects("train", [1, 2], "params.yaml train = [1, 2]", "mapping")
 
 
-def _paper() -> dict:
-    return yaml.safe_load((ROOT / "params-paper-gpu.yaml").read_text())
+PRESETS = sorted(p.name for p in ROOT.glob("params-*.yaml"))
+
+
+def _preset(file: str) -> dict:
+    return yaml.safe_load((ROOT / file).read_text())
 
 
 def _flat(tree: dict, prefix: tuple[str, ...] = ()):
@@ -304,12 +307,18 @@ def _flat(tree: dict, prefix: tuple[str, ...] = ()):
             yield (*prefix, key), value
 
 
-@pytest.mark.parametrize("name", sorted(_paper()))
-def test_paper_gpu_overrides_validate(name):
-    """params-paper-gpu.yaml merged into params.yaml gives valid sections with its values."""
-    assert name in SCHEMAS, f"params-paper-gpu.yaml has a section {name} params.yaml lacks"
-    config = parse_section(schema(name), merged(project_params()[name], _paper()[name]), name)
-    for path, value in _flat(_paper()[name]):
+def test_presets_found():
+    assert {"params-gpu.yaml", "params-gpu-mpnet.yaml", "params-paper-gpu.yaml"} <= set(PRESETS)
+
+
+@pytest.mark.parametrize(("file", "name"),
+                         [(f, n) for f in PRESETS for n in sorted(_preset(f))])
+def test_preset_overrides_validate(file, name):
+    """Each params-*.yaml preset merged into params.yaml gives valid sections with its values."""
+    preset = _preset(file)
+    assert name in SCHEMAS, f"{file} has a section {name} params.yaml lacks"
+    config = parse_section(schema(name), merged(project_params()[name], preset[name]), name)
+    for path, value in _flat(preset[name]):
         got = attr(config, path)
         expected = tuple(value) if isinstance(value, list) else value
-        assert got == expected, ".".join((name, *path))
+        assert got == expected, ".".join((file, name, *path))
