@@ -39,6 +39,18 @@ train() {  # train [params file]
     --relations "${RELATIONS:-data/wikidata/relations.parquet}" \
     --out "$MODELS_DIR" --params "${1:-$OUT_DIR/params.yaml}"
 }
+set_splits() {  # set_splits SRC DST SECTION [SPLIT...]: DST is SRC with SECTION.splits set
+  "${PYTHON:-python3}" - "$@" <<'PY'
+import sys
+
+import yaml
+
+src, dst, section, *splits = sys.argv[1:]
+params = yaml.safe_load(open(src))
+params[section]["splits"] = splits
+yaml.safe_dump(params, open(dst, "w"))
+PY
+}
 if [ -n "${DEADLINE_S:-}" ]; then
   done_splits=()
   for dir in data/splits/split_*; do
@@ -47,30 +59,12 @@ if [ -n "${DEADLINE_S:-}" ]; then
       echo "run_preset: ${SECONDS}s elapsed (DEADLINE_S=$DEADLINE_S): not starting $split" >&2
       break
     fi
-    "${PYTHON:-python3}" - "$OUT_DIR/params.yaml" "$OUT_DIR/params_one.yaml" "$split" <<'PY'
-import sys
-
-import yaml
-
-src, dst, split = sys.argv[1:]
-params = yaml.safe_load(open(src))
-params["train"]["splits"] = [split]
-yaml.safe_dump(params, open(dst, "w"))
-PY
+    set_splits "$OUT_DIR/params.yaml" "$OUT_DIR/params_one.yaml" train "$split"
     train "$OUT_DIR/params_one.yaml"
     done_splits+=("$split")
   done
   # Evaluate exactly the splits trained here (not older models left in MODELS_DIR).
-  "${PYTHON:-python3}" - "$OUT_DIR/params.yaml" "${done_splits[@]}" <<'PY'
-import sys
-
-import yaml
-
-path, *splits = sys.argv[1:]
-params = yaml.safe_load(open(path))
-params["evaluate"]["splits"] = splits
-yaml.safe_dump(params, open(path, "w"))
-PY
+  set_splits "$OUT_DIR/params.yaml" "$OUT_DIR/params.yaml" evaluate "${done_splits[@]}"
 else
   train
 fi
