@@ -6,7 +6,8 @@ are predicted in chunks, as ``regrab-predict`` does. The peer is the encoder alo
 forward (``SentenceEncoder.forward``, whole model, batches of the same size, sorted by length
 as ``predict`` sorts them) on the same query sentences, i.e. the floor any predictor pays.
 
-The checkpoint is ``--checkpoint`` when given (e.g. ``models/nyt25/split_0/regrab/model.pt``),
+The checkpoint is ``--checkpoint`` when given
+(e.g. ``models/nyt25/split_0/regrab/model.safetensors``),
 otherwise an untrained REGRAB built from ``params.yaml``'s ``model`` section and the relation
 graph in ``data/`` (speed does not depend on the weights).
 
@@ -38,7 +39,7 @@ def untrained_checkpoint(folder: Path, data: Path) -> Path:
     graph = RelationGraph.from_tables(read_parquet(data / "graph" / "graph.parquet"),
                                       read_parquet(data / "features" / "transe.parquet"))
     model = build_model(config_for_method(params["model"], "regrab"), graph)
-    path = folder / "model.pt"
+    path = folder / "model.safetensors"
     save_model(path, model, {"step": 0})
     return path
 

@@ -12,7 +12,7 @@ A bad support row or checkpoint stops with one ``error:`` line; a bad query (mar
 or unbalanced, a span outside the sentence, not JSON) is skipped and counted in the summary.
 
 Usage:
-    regrab-predict --checkpoint models/nyt25/split_0/regrab/model.pt \
+    regrab-predict --checkpoint models/nyt25/split_0/regrab/model.safetensors \
         --support tests/data/predict/support.jsonl --queries tests/data/predict/queries.jsonl \
         --out preds.jsonl [--zero-shot P452] [--threshold 0.5] [--seed 0] [--device auto]
 """
@@ -89,7 +89,9 @@ def read_queries(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="regrab-predict", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", type=Path, required=True, help="model.pt of the train stage")
+    p.add_argument("--checkpoint", "--model", type=Path, required=True,
+                   help="model.safetensors of the train stage, or a model folder "
+                        "(regrab-models export)")
     p.add_argument("--support", type=Path, help="JSONL/Parquet rows {relation, sentence}")
     p.add_argument("--zero-shot", default="", help="comma-separated relation ids, no support")
     p.add_argument("--queries", type=Path, required=True, help="JSONL, Parquet or .txt")

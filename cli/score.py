@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from model.checkpoint import METHODS, read_payload
+from model.checkpoint import METHODS, MODEL_FILE, model_file, read_payload
 from model.encoder_cache import LowerCache
 from model.episodes import Setting
 from pipeline import report
@@ -48,15 +48,15 @@ log = logging.getLogger(__name__)
 
 
 def checkpoints(models: Path, methods: list[str]) -> dict[str, dict[str, Path]]:
-    """``{split: {method: model.pt}}`` for every trained split under ``models``."""
+    """``{split: {method: model.safetensors}}`` for every trained split under ``models``."""
     found: dict[str, dict[str, Path]] = {}
     for split in sorted(p for p in models.glob("split_*") if p.is_dir()):
         for method in methods:
-            path = split / method / "model.pt"
+            path = model_file(split / method)
             if path.is_file():
                 found.setdefault(split.name, {})[method] = path
     if not found:
-        raise PipelineError(f"no split_*/<method>/model.pt under {models}; train first "
+        raise PipelineError(f"no split_*/<method>/{MODEL_FILE} under {models}; train first "
                             "(dvc repro) or point --models at a benchmark's models folder")
     return found
 
@@ -81,7 +81,7 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True, help="FewRel-format JSON file")
     parser.add_argument("--models", type=Path, required=True,
-                        help="a benchmark's models folder (split_*/<method>/model.pt)")
+                        help="a benchmark's models folder (split_*/<method>/model.safetensors)")
     parser.add_argument("--out", type=Path, required=True,
                         help="output prefix: OUT.json (metrics), OUT.md, OUT_report.json")
     parser.add_argument("--methods", default=None,

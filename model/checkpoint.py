@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from model import model_folder, tensor_file
 from model.baselines import PrototypeHead
 from model.encoder import EncoderConfig, SentenceEncoder
 from model.graph_prior import GraphPrior, GraphPriorConfig, RelationGraph
@@ -27,13 +28,21 @@ from model.regrab import FewShotModel, RegrabHead
 from model.transe import TransE, TransEConfig
 from pipeline.config import parse_section
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_path
 
 log = logging.getLogger(__name__)
 
-#: Format tags of the two kinds of checkpoint; a file of another version is refused.
-MODEL_FORMAT = "regrab-model-2"
-TRANSE_FORMAT = 1
+#: Format tags of the two kinds of checkpoint (:mod:`model.tensor_file`); a file of another
+#: version is refused.
+MODEL_FORMAT = "regrab-model-3"
+TRANSE_FORMAT = "regrab-transe-2"
+#: File names inside a model folder of the train stage: the best model, and the resume point
+#: that exists only while a model is training.
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "state.safetensors"
+#: The same files as older versions wrote them (pickles): refused, convertible on request.
+LEGACY_FILES = ("model.pt", "state.pt")
+#: Format tags of those pickles, which ``regrab-models convert`` accepts.
+LEGACY_FORMATS = {"regrab-model-2": MODEL_FORMAT, 1: TRANSE_FORMAT}
 
 METHODS = ("regrab", "regrab_no_prior", "mtb", "proto")
 Method = Literal["regrab", "regrab_no_prior", "mtb", "proto"]
@@ -131,51 +140,65 @@ def save_model(path: str | os.PathLike[str], model: FewShotModel, extra: dict[st
 
 
 def save_payload(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
-    """Write a checkpoint payload atomically (a kill never leaves half a file)."""
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    """Write a checkpoint payload atomically (a kill never leaves half a file).
+
+    The file is safetensors plus JSON (:mod:`model.tensor_file`): loading it runs no code.
+    """
+    payload = {k: v for k, v in payload.items() if k != "format"}
+    tensor_file.save(path, payload, MODEL_FORMAT)
 
 
 def read_payload(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The raw payload of a model checkpoint (config, params, weights, summary...)."""
+    """The raw payload of a model checkpoint (config, params, weights, summary...).
+
+    A model folder made by ``regrab-models export`` is read too (its ``config.json`` and
+    weights); a pickle is refused with the command that converts it.
+    """
     path = Path(path)
-    if not path.exists():
-        raise PipelineError(f"checkpoint {path} not found; run the train stage first")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # a truncated or foreign file
-        raise PipelineError(f"checkpoint {path} is unreadable ({exc}); retrain it") from exc
-    if not isinstance(payload, dict) or payload.get("format") != MODEL_FORMAT:
-        raise PipelineError(
-            f"checkpoint {path} is not a model of this version (format "
-            f"{payload.get('format') if isinstance(payload, dict) else '?'}, want "
-            f"{MODEL_FORMAT}); retrain it with the train stage"
-        )
+    if path.is_dir():
+        return model_folder.read(path)
+    _, payload = tensor_file.load(path, MODEL_FORMAT, "checkpoint",
+                                  "run the train stage to make it")
+    payload["format"] = MODEL_FORMAT
+    for key in ("config", "state"):
+        if not isinstance(payload.get(key), dict):
+            raise PipelineError(f"checkpoint {path} has no {key!r}; retrain it")
     return payload
 
 
 def load_model(
     path: str | os.PathLike[str], device: str | torch.device = "cpu"
 ) -> tuple[FewShotModel, dict[str, Any]]:
-    """Rebuild a model from a checkpoint alone (no params.yaml, no graph files)."""
+    """Rebuild a model from a checkpoint file or model folder alone (no params.yaml, no graph
+    files)."""
     payload = read_payload(path)
     raw = payload["config"]
     if isinstance(raw, dict) and isinstance(raw.get("prior"), dict) and "text" not in raw["prior"]:
         # Written before model.prior.text existed: the prior read the graph only.
         raw = {**raw, "prior": {**raw["prior"], "text": False}}
     config = RegrabConfig.from_dict(raw, f"checkpoint {path} config")
+    if payload.get("encoder_files"):
+        # An exported folder carries its own copy of the pre-trained encoder.
+        config = dataclasses.replace(
+            config, encoder=dataclasses.replace(config.encoder, name=payload["encoder_files"]))
     graph = None
-    if payload["graph_relations"] is not None:
-        n, f = len(payload["graph_relations"]), payload["graph_feature_dim"]
-        e = payload["graph_edges"]
-        graph = RelationGraph(
-            payload["graph_relations"],
-            torch.zeros(n, f),
-            torch.zeros(2, e, dtype=torch.long),
-            torch.zeros(e),
-        )
+    if payload.get("graph_relations") is not None:
+        try:
+            n, f = len(payload["graph_relations"]), int(payload["graph_feature_dim"])
+            e = int(payload["graph_edges"])
+            graph = RelationGraph(
+                [str(r) for r in payload["graph_relations"]],
+                torch.zeros(n, f),
+                torch.zeros(2, e, dtype=torch.long),
+                torch.zeros(e),
+            )
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise PipelineError(f"checkpoint {path} has a malformed graph description "
+                                f"({type(exc).__name__}); retrain or re-export it") from None
     model = build_model(config, graph)
     state = payload["state"]
+    if not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise PipelineError(f"checkpoint {path} has weights that are not tensors; retrain it")
     enc_state = {k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")}
     head_state = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
     missing = set(model.encoder.trainable_state()) - set(enc_state)
@@ -186,15 +209,47 @@ def load_model(
     return model.to(device), payload
 
 
+def model_file(folder: Path) -> Path:
+    """The model file of a train-stage model folder.
+
+    An older version's ``model.pt`` is returned when it is the only one there, so that
+    loading it stops with the line that says how to convert it rather than "missing".
+    """
+    path, legacy = folder / MODEL_FILE, folder / LEGACY_FILES[0]
+    return legacy if not path.exists() and legacy.exists() else path
+
+
+def convert_legacy(src: Path, dst: Path) -> str:
+    """Rewrite a pickle checkpoint of an older version as safetensors + JSON.
+
+    Only for files the user trusts, on request (``regrab-models convert``). The pickle is
+    read by torch's restricted unpickler (``weights_only=True``: tensors and plain
+    containers only, no other callables), so even then no code in it is run; a file that
+    needs anything else is refused.
+
+    Returns:
+        The format tag written (a model or a TransE state).
+    """
+    if not src.is_file():
+        raise PipelineError(f"{src} not found; give the path of an old model.pt or state.pt")
+    try:
+        payload = torch.load(src, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - every unloadable pickle is refused alike
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        raise PipelineError(
+            f"cannot convert {src}: it is not a checkpoint of tensors and plain data "
+            f"({type(exc).__name__}: {first}); retrain the model instead"
+        ) from None
+    fmt = LEGACY_FORMATS.get(payload.get("format")) if isinstance(payload, dict) else None
+    if fmt is None:
+        got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise PipelineError(f"cannot convert {src}: format {str(got)[:40]!r} is not an older "
+                            "REGRAB model or TransE state; retrain it")
+    tensor_file.save(dst, {k: v for k, v in payload.items() if k != "format"}, fmt)
+    return fmt
+
+
 # --- TransE checkpoints -----------------------------------------------------------------------
-
-
-def _to_cpu(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj
 
 
 def save_transe(path: Path, model: TransE, optimizer: Any, generator: torch.Generator,
@@ -205,8 +260,7 @@ def save_transe(path: Path, model: TransE, optimizer: Any, generator: torch.Gene
     The stage params and relation names go in too, so the relation vectors can be read
     back from the checkpoint alone.
     """
-    save_payload(path, {
-        "format": TRANSE_FORMAT,
+    tensor_file.save(path, {
         "config": dataclasses.asdict(model.config),
         "params": params,
         "relations": list(relations),
@@ -214,9 +268,9 @@ def save_transe(path: Path, model: TransE, optimizer: Any, generator: torch.Gene
         "epoch": epoch,
         "losses": list(losses),
         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "optimizer": _to_cpu(optimizer.state_dict()),
+        "optimizer": optimizer.state_dict(),
         "generator": generator.get_state(),
-    })
+    }, TRANSE_FORMAT)
 
 
 def load_transe(path: Path, config: TransEConfig, data_hash: str,
@@ -228,17 +282,17 @@ def load_transe(path: Path, config: TransEConfig, data_hash: str,
     if not path.exists():
         return None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file means "start over"
-        log.warning("checkpoint %s is unreadable (%s); starting over", path, type(exc).__name__)
+        _, state = tensor_file.load(path, TRANSE_FORMAT, "TransE state", "starting over")
+    except PipelineError as exc:  # any unusable file means "start over"
+        log.warning("%s", exc)
         return None
 
     def comparable(d: dict) -> dict:
         return {k: v for k, v in d.items() if k not in resumable}
 
     reason = None
-    if not isinstance(state, dict) or state.get("format") != TRANSE_FORMAT:
-        reason = "has another format"
+    if not all(isinstance(state.get(k), dict) for k in ("config", "model", "optimizer")):
+        reason = "lacks its config, weights or optimizer state"
     elif comparable(state["config"]) != comparable(dataclasses.asdict(config)):
         reason = "was trained with other params"
     elif state["fingerprint"] != data_hash:

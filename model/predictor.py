@@ -300,7 +300,8 @@ class Predictor:
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike[str], device: str = "cpu",
                         **kwargs: Any) -> Predictor:
-        """Load ``path`` (a ``model.pt`` of the train stage) onto ``device``."""
+        """Load ``path`` onto ``device``: a train-stage ``model.safetensors``, or a folder
+        made by ``regrab-models export``."""
         try:
             model, _ = load_model(path, device)
         except (RuntimeError, KeyError, TypeError) as exc:  # a payload that does not fit

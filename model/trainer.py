@@ -3,7 +3,7 @@
 Loss = -log p(y_Q | x_Q, x_S, y_S, G) on N-way K-shot episodes from the training relations
 (N and K drawn per step, zero-shot episodes for ``regrab`` with probability
 ``zero_shot_rate``), AdamW with linear warm-up and linear decay, validation on fixed
-episodes of the validation relations, best model kept. ``state.pt`` (weights, optimizer,
+episodes of the validation relations, best model kept. ``state.safetensors`` (weights, optimizer,
 scheduler and every RNG) is the resume point after a kill; a resumed run ends bit-identical
 to one that was never stopped.
 
@@ -24,6 +24,8 @@ import torch
 from tqdm import tqdm
 
 from model.checkpoint import (
+    MODEL_FILE,
+    STATE_FILE,
     Method,
     build_model,
     config_for_method,
@@ -69,7 +71,7 @@ class TrainConfig:
         val_every: validate (and keep the best model) every this many steps and at the end.
         val_episodes: episodes per validation setting (fixed, seeded).
         val_settings: validation settings on the validation relations.
-        checkpoint_every: write ``state.pt`` (resume point) every this many steps.
+        checkpoint_every: write ``state.safetensors`` (resume point) every this many steps.
         seed: seed of episodes, initialisation, dropout and Langevin noise.
         device: auto | cpu | cuda.
         encode_batch: sentences per batch when encoding a whole split.
@@ -317,7 +319,7 @@ def label_encodings(run: Run, rows: torch.Tensor) -> torch.Tensor | None:
 
 
 def resume(run: Run, state_path: Path, params: dict[str, Any]) -> bool:
-    """Continue from ``state.pt`` when it was written with the same params."""
+    """Continue from ``state.safetensors`` when it was written with the same params."""
     if not state_path.exists():
         return False
     try:
@@ -326,7 +328,7 @@ def resume(run: Run, state_path: Path, params: dict[str, Any]) -> bool:
         log.warning("%s: %s; starting over", run.name, exc)
         return False
     if state.get("params") != params:
-        log.warning("%s: state.pt was made with other params; starting over", run.name)
+        log.warning("%s: state.safetensors was made with other params; starting over", run.name)
         return False
     run.model.load_state_dict({**run.model.state_dict(), **state["state"]}, strict=True)
     run.optimizer.load_state_dict(state["optimizer"])
@@ -470,7 +472,7 @@ def train(run: Run, out_dir: Path, params: dict[str, Any], live: Any = None,
     ``on_step(step)`` is a test hook (e.g. to simulate a kill).
     """
     sched = run.sched
-    best_path, state_path = out_dir / "model.pt", out_dir / "state.pt"
+    best_path, state_path = out_dir / MODEL_FILE, out_dir / STATE_FILE
     last_good = str(state_path) if state_path.exists() else "none"
     run.model.train()
     bar = tqdm(total=sched.steps, initial=run.step, desc=run.name, leave=False)

@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from model.checkpoint import Method, load_model
+from model.checkpoint import Method, load_model, model_file
 from model.encoder_cache import LowerCache, encode_all
 from model.episodes import EpisodeSampler, Setting
 from model.floor import CosinePrototypeHead, floor_encoder
@@ -78,7 +78,8 @@ class EvalConfig:
     """``params.yaml`` section ``evaluate``.
 
     Attributes:
-        methods: trained methods to evaluate (each needs ``<models>/split_i/<method>/model.pt``).
+        methods: trained methods to evaluate (each needs
+            ``<models>/split_i/<method>/model.safetensors``).
         settings: ``{N}w{K}s`` settings; K = 0 is zero-shot (regrab only).
         episodes: episodes per setting and split.
         queries: queries per way.
@@ -286,11 +287,11 @@ def evaluate_split(split_dir: Path, models_dir: Path, cfg: EvalConfig, device: s
         cells[method], nota[method] = {}, {}
         by_path: dict[Path, list[str]] = {}
         for s in eps.settings:
-            # The paper's protocol keeps one model per setting ({method}/{setting}/model.pt);
-            # the default keeps one model per method for every setting.
-            path = models_dir / split_dir.name / method / s.name / "model.pt"
+            # The paper's protocol keeps one model per setting ({method}/{setting}/); the
+            # default keeps one model per method for every setting.
+            path = model_file(models_dir / split_dir.name / method / s.name)
             if not path.exists():
-                path = models_dir / split_dir.name / method / "model.pt"
+                path = model_file(models_dir / split_dir.name / method)
             if not path.exists():
                 if s.shots == 0 and method != "regrab":
                     continue

@@ -4,11 +4,11 @@ For each split and method: N-way K-shot episodes from the training relations (wa
 drawn per step from ``train.ways`` / ``train.shots``, zero-shot episodes for ``regrab`` with
 probability ``train.zero_shot_rate``), loss = -log p(y_Q | x_Q, x_S, y_S, G), AdamW with
 linear warm-up and linear decay, validation on the validation relations from cached
-encodings, best model kept. Training resumes from ``state.pt`` after a kill, and a finished
+encodings, best model kept. Training resumes from ``state.safetensors`` after a kill, and a finished
 model whose params are unchanged is skipped.
 
-Outputs ``{out}/split_{i}/{method}/model.pt`` (best validation; config, params, step, graph
-and trained weights: loads without params.yaml) and, while training, ``state.pt`` (the same
+Outputs ``{out}/split_{i}/{method}/model.safetensors`` (best validation; config, params, step, graph
+and trained weights: loads without params.yaml) and, while training, ``state.safetensors`` (the same
 plus optimizer, scheduler and RNG states).
 
 Usage:
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from model.checkpoint import METHODS, ModelParams
+from model.checkpoint import LEGACY_FILES, METHODS, MODEL_FILE, STATE_FILE, ModelParams
 from model.encoder_cache import LowerCache
 from model.episodes import Setting
 from model.graph_prior import RelationGraph
@@ -115,7 +115,11 @@ def train_one(split_dir: Path, method: str, out_dir: Path, params: dict[str, Any
     # A kill during a checkpoint write leaves its temporary file (atomic_path cannot clean
     # up after SIGKILL); the checkpoint itself is intact, the temporary must not be cached.
     remove_stale_temporaries(out_dir)
-    best_path, state_path = out_dir / "model.pt", out_dir / "state.pt"
+    best_path, state_path = out_dir / MODEL_FILE, out_dir / STATE_FILE
+    for legacy in LEGACY_FILES:  # pickles of an older version: never loaded, retrained
+        if (out_dir / legacy).exists():
+            log.info("%s: removing %s of an older version", out_dir, legacy)
+            (out_dir / legacy).unlink()
     done = finished_summary(best_path, state_path, params)
     if done is not None:
         log.info("%s/%s: finished model with the same params, skipped", split_dir.name, method)

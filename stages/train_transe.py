@@ -57,7 +57,7 @@ from pipeline.io import (  # noqa: E402
 )
 from pipeline.schemas import TRIPLES_SCHEMA, embeddings_schema  # noqa: E402
 
-CHECKPOINT_NAME = "transe.pt"
+CHECKPOINT_NAME = "transe.safetensors"
 
 
 @dataclass(frozen=True)

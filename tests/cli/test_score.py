@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from cli import score
+from model.checkpoint import read_payload, save_payload
 from pipeline.errors import PipelineError
 from stages import train
 from tests.conftest import project_params
@@ -99,15 +100,13 @@ def test_bad_inputs_are_one_line_errors(trained, tmp_path):
 def test_checkpoint_from_another_encoder_is_refused(trained, tmp_path):
     import shutil
 
-    import torch
-
     root, p, _ = trained
     models = tmp_path / "models"
     shutil.copytree(root / "models", models)
-    path = models / "split_0" / "proto" / "model.pt"
-    payload = torch.load(path, weights_only=False)
+    path = models / "split_0" / "proto" / "model.safetensors"
+    payload = read_payload(path)
     payload["config"]["encoder"]["name"] = "bert-base-uncased"
-    torch.save(payload, path)
+    save_payload(path, payload)
     data = _fewrel_json(tmp_path / "d.json", toy_table(["Q91", "Q92", "Q93"], 8, seed=2))
     with pytest.raises(PipelineError, match="different encoders"):
         score.score(["--data", str(data), "--models", str(models), "--out",

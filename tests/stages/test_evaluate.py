@@ -102,8 +102,8 @@ def test_paper_protocol_one_model_per_setting(tmp_path):
     })
     p = _train(tmp_path, splits, params)
     models = tmp_path / "models" / "split_0"
-    assert (models / "regrab" / "2w1s" / "model.pt").exists()
-    assert (models / "regrab" / "3w0s" / "model.pt").exists()
+    assert (models / "regrab" / "2w1s" / "model.safetensors").exists()
+    assert (models / "regrab" / "3w0s" / "model.safetensors").exists()
     assert not (models / "mtb" / "3w0s").exists()  # no zero-shot model without a prior
     out = _evaluate(tmp_path, splits, p)
     assert set(out["nyt25"]["regrab"]) == {"2w1s", "3w0s"} and set(out["nyt25"]["mtb"]) == {
@@ -129,5 +129,5 @@ def test_refuses_a_model_trained_on_another_split(tmp_path):
     with pytest.raises(PipelineError) as err:
         _evaluate(tmp_path, other, p)
     message = str(err.value)
-    assert "\n" not in message and "split_0" in message and "model.pt" in message
+    assert "\n" not in message and "split_0" in message and "model.safetensors" in message
     assert "trained on another split" in message and "retrain" in message

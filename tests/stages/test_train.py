@@ -3,6 +3,7 @@ import pytest
 import torch
 import yaml
 
+from model.checkpoint import read_payload
 from pipeline.errors import PipelineError
 from pipeline.io import file_digest
 from stages import train
@@ -65,19 +66,19 @@ def _run(inputs, out, **kw):
 
 
 def _weights(path):
-    return torch.load(path, weights_only=False)["state"]
+    return read_payload(path)["state"]
 
 
 def test_seeded_runs_repeat_and_skip_when_done(inputs, tmp_path):
     a = _run(inputs, tmp_path / "a")
     _run(inputs, tmp_path / "b")
     wa, wb = (
-        _weights(tmp_path / "a/split_0/regrab/model.pt"),
-        _weights(tmp_path / "b/split_0/regrab/model.pt"),
+        _weights(tmp_path / "a/split_0/regrab/model.safetensors"),
+        _weights(tmp_path / "b/split_0/regrab/model.safetensors"),
     )
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert not (tmp_path / "a/split_0/regrab/state.pt").exists()
-    payload = torch.load(tmp_path / "a/split_0/regrab/model.pt", weights_only=False)
+    assert not (tmp_path / "a/split_0/regrab/state.safetensors").exists()
+    payload = read_payload(tmp_path / "a/split_0/regrab/model.safetensors")
     assert payload["done"] and payload["params"]["train"]["steps"] == 4
     assert a["models"][0]["best_val_acc"] >= 0
     again = _run(inputs, tmp_path / "a")  # same params: the finished model is kept
@@ -101,13 +102,13 @@ def test_resume_after_kill_continues_from_saved_step(inputs, tmp_path, monkeypat
     monkeypatch.setattr(train, "train_one", killed)
     with pytest.raises(KeyboardInterrupt):
         _run(inputs, tmp_path / "killed")
-    state = torch.load(tmp_path / "killed/split_0/regrab/state.pt", weights_only=False)
+    state = read_payload(tmp_path / "killed/split_0/regrab/state.safetensors")
     assert state["step"] == 2
     monkeypatch.setattr(train, "train_one", lambda *a, **k: original(*a, **k, on_step=seen.append))
     _run(inputs, tmp_path / "killed")
     assert seen == [1, 2, 3, 4]  # resumed at step 3, not from scratch
-    wa = _weights(tmp_path / "full/split_0/regrab/model.pt")
-    wb = _weights(tmp_path / "killed/split_0/regrab/model.pt")
+    wa = _weights(tmp_path / "full/split_0/regrab/model.safetensors")
+    wb = _weights(tmp_path / "killed/split_0/regrab/model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -123,7 +124,8 @@ def test_nan_loss_stops_with_step_and_checkpoint(inputs, tmp_path, monkeypatch):
         return out * float("nan") if self.training and len(calls) > 3 else out
 
     monkeypatch.setattr(RegrabHead, "log_predictive", poisoned)
-    with pytest.raises(PipelineError, match=r"at step \d+ .*last good checkpoint: .*state\.pt"):
+    with pytest.raises(PipelineError,
+                       match=r"at step \d+ .*last good checkpoint: .*state\.safetensors"):
         _run(inputs, tmp_path / "nan")
 
 
@@ -152,7 +154,7 @@ def test_bad_inputs(inputs, tmp_path):
             str(p),
         ]
     )
-    assert (tmp_path / "g/split_0/regrab/model.pt").exists()
+    assert (tmp_path / "g/split_0/regrab/model.safetensors").exists()
 
 
 def test_finished_model_is_retrained_when_the_graph_changes(inputs, tmp_path, caplog):
@@ -167,14 +169,14 @@ def test_finished_model_is_retrained_when_the_graph_changes(inputs, tmp_path, ca
                     str(features), "--relations", str(labels_of(graph)),
                     "--out", str(tmp_path / "m"), "--params", str(p)])
     assert "skipped" not in caplog.text
-    payload = torch.load(tmp_path / "m/split_0/regrab/model.pt", weights_only=False)
+    payload = read_payload(tmp_path / "m/split_0/regrab/model.safetensors")
     assert payload["params"]["inputs"]["graph"] == file_digest(changed)
 
 
 def test_label_prior_is_saved_and_needs_the_relations_table(inputs, tmp_path):
     root, enc, splits, graph, features = inputs
     _run(inputs, tmp_path / "t")
-    state = _weights(tmp_path / "t/split_0/regrab/model.pt")
+    state = _weights(tmp_path / "t/split_0/regrab/model.safetensors")
     text = state["head.prior.text"]  # (R, D): every toy relation has a label
     assert text.shape[0] == 9 and bool((text.norm(dim=1) > 0).all())
     assert torch.allclose(text.mean(0), torch.zeros(text.shape[1]), atol=1e-5)  # centred
@@ -189,4 +191,4 @@ def test_label_prior_is_saved_and_needs_the_relations_table(inputs, tmp_path):
     off.write_text(yaml.safe_dump(params))
     train.main(["--splits", str(splits), "--graph", str(graph), "--features",
                 str(features), "--out", str(tmp_path / "off"), "--params", str(off)])
-    assert "head.prior.text" not in _weights(tmp_path / "off/split_0/regrab/model.pt")
+    assert "head.prior.text" not in _weights(tmp_path / "off/split_0/regrab/model.safetensors")

@@ -82,18 +82,18 @@ def test_rerun_after_kill_mid_checkpoint_removes_the_temporary(inputs, tmp_path,
     with pytest.raises(KeyboardInterrupt):
         _run(inputs, tmp_path / "m")
     monkeypatch.undo()
-    _sigkill_during_atomic_write(model_dir / "state.pt")
-    assert len(_stale(model_dir)) == 1 and _stale(model_dir)[0].startswith(".state.pt.")
+    _sigkill_during_atomic_write(model_dir / "state.safetensors")
+    assert len(_stale(model_dir)) == 1 and _stale(model_dir)[0].startswith(".state.safetensors.")
     summary = _run(inputs, tmp_path / "m")
     assert summary["models"][0]["steps"] == 4
     assert _stale(tmp_path / "m") == []
-    assert sorted(p.name for p in model_dir.iterdir()) == ["model.pt"]
+    assert sorted(p.name for p in model_dir.iterdir()) == ["model.safetensors"]
 
 
 def test_rerun_of_a_finished_model_removes_the_temporary(inputs, tmp_path):
     model_dir = tmp_path / "m/split_0/regrab"
     first = _run(inputs, tmp_path / "m")
-    _sigkill_during_atomic_write(model_dir / "model.pt")
+    _sigkill_during_atomic_write(model_dir / "model.safetensors")
     assert _stale(model_dir)
     _sigkill_during_atomic_write(tmp_path / "m/summary.json")
     again = _run(inputs, tmp_path / "m")  # unchanged params: the model is reused

@@ -13,6 +13,8 @@ import pytest
 import torch
 import yaml
 
+from model import tensor_file
+from model.checkpoint import TRANSE_FORMAT
 from model.transe import (
     TransE,
     TransEConfig,
@@ -198,7 +200,7 @@ def test_resume_after_interruption_matches_uninterrupted(tiny, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run(tiny, "cut")
     assert not (tiny / "cut.parquet").exists()
-    ckpt = torch.load(tiny / "ckpt_cut" / "transe.pt", weights_only=True)
+    _, ckpt = tensor_file.load(tiny / "ckpt_cut" / "transe.safetensors", TRANSE_FORMAT)
     assert ckpt["epoch"] == 4  # the last checkpoint before the kill
     # Self-contained: config, stage params and relation names travel with the tables.
     assert ckpt["config"]["dim"] == TINY_MODEL["dim"] and ckpt["params"]["checkpoint_every"] == 2

@@ -1,0 +1,203 @@
+"""Checkpoint files that are data by construction: safetensors for tensors, JSON for the rest.
+
+A pickle (``torch.save``'s format) names functions that run when it is loaded, so a model
+file somebody hands you could run any code. Every checkpoint here (trained models, the
+train stage's resume state, TransE's state, exported model folders) is instead one
+`safetensors <https://huggingface.co/docs/safetensors>`_ file: a length-prefixed JSON
+header, then raw tensor bytes. Nothing in it is ever executed; the worst a hostile file can
+do is fail to parse, which is reported in one line.
+
+The non-tensor part of a checkpoint (configs, params, histories, optimizer hyper-parameters,
+RNG states) is a tree of dicts, lists, strings, numbers, booleans and None. :func:`pack`
+moves its tensors out into a flat ``{name: tensor}`` map, leaving ``{"__tensor__": name}``
+in their place, and stores the rest as JSON in the header's metadata; tuples and dicts with
+non-string keys (an optimizer's state is keyed by parameter index) are tagged so that
+:func:`unpack` gives back exactly the tree that was packed.
+
+A file in the old pickle format is refused with a line saying how to convert it
+(``regrab-models convert``); conversion is never automatic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_path
+
+#: Header metadata keys: the format tag of the file, and the JSON tree.
+FORMAT_KEY = "format"
+TREE_KEY = "tree"
+#: The deepest tree accepted (a header nested deeper is hostile or corrupt, not a model).
+MAX_DEPTH = 64
+#: Leading bytes of torch's two pickle-based formats: a zip archive and a raw pickle.
+PICKLE_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def pack(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """Split ``tree`` into a JSON-able tree and the tensors it held.
+
+    numpy arrays become tensors and numpy scalars Python numbers.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            obj = torch.from_numpy(np.ascontiguousarray(obj))
+        if isinstance(obj, torch.Tensor):
+            name = str(len(tensors))
+            # safetensors refuses tensors that share memory or are not contiguous.
+            tensors[name] = obj.detach().cpu().contiguous().clone()
+            return {"__tensor__": name}
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if obj is None or isinstance(obj, (bool, int, str)):
+            return obj
+        if isinstance(obj, float):
+            return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+        if isinstance(obj, tuple):
+            return {"__tuple__": [walk(v) for v in obj]}
+        if isinstance(obj, list):
+            return [walk(v) for v in obj]
+        if isinstance(obj, dict):
+            # Keys starting "__" could be mistaken for tags: such dicts use the tagged form.
+            if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+                return {k: walk(v) for k, v in obj.items()}
+            if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in obj):
+                raise TypeError(f"cannot store dict keys of type {type(next(iter(obj)))}")
+            return {"__dict__": [[k, walk(v)] for k, v in obj.items()]}
+        raise TypeError(f"cannot store a {type(obj).__name__} in a checkpoint")
+
+    return walk(tree), tensors
+
+
+def unpack(tree: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    """The inverse of :func:`pack`; a malformed tree raises :class:`PipelineError`."""
+
+    def bad(what: str) -> PipelineError:
+        return PipelineError(f"{where} is malformed ({what}); re-export or retrain it")
+
+    def walk(obj: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise bad(f"nested deeper than {MAX_DEPTH}")
+        if isinstance(obj, list):
+            return [walk(v, depth + 1) for v in obj]
+        if not isinstance(obj, dict):
+            return obj
+        if len(obj) == 1:
+            (key, value), = obj.items()
+            if key == "__tensor__":
+                if not isinstance(value, str) or value not in tensors:
+                    raise bad(f"tensor {str(value)[:40]!r} is missing")
+                return tensors[value]
+            if key == "__float__":
+                if value not in ("nan", "inf", "-inf"):
+                    raise bad(f"float {str(value)[:40]!r}")
+                return float(value)
+            if key == "__tuple__" and isinstance(value, list):
+                return tuple(walk(v, depth + 1) for v in value)
+            if key == "__dict__" and isinstance(value, list):
+                if not all(isinstance(kv, list) and len(kv) == 2
+                           and isinstance(kv[0], (str, int)) for kv in value):
+                    raise bad("a tagged dict whose items are not [key, value] pairs")
+                return {k: walk(v, depth + 1) for k, v in value}
+        return {k: walk(v, depth + 1) for k, v in obj.items()}
+
+    return walk(tree, 0)
+
+
+def save(path: str | os.PathLike[str], tree: dict[str, Any], fmt: str) -> None:
+    """Write ``tree`` (tensors and plain data) to ``path`` atomically, tagged ``fmt``."""
+    from safetensors.torch import save_file
+
+    data, tensors = pack(tree)
+    meta = {FORMAT_KEY: fmt, TREE_KEY: json.dumps(data, separators=(",", ":"))}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+
+
+def save_tensors(path: str | os.PathLike[str], tensors: dict[str, torch.Tensor]) -> None:
+    """Write a plain ``{name: tensor}`` safetensors file atomically (an exported model)."""
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
+
+
+def refuse_pickle(path: Path, head: bytes) -> None:
+    """Raise the one-line refusal for a file in torch's pickle formats."""
+    if head.startswith(PICKLE_MAGIC):
+        raise PipelineError(
+            f"checkpoint {path} is in the old pickle format, which can run code when it is "
+            f"loaded, so it is refused; if you trust where it came from, convert it with "
+            f"`regrab-models convert {path}`, otherwise retrain it"
+        )
+
+
+def load(path: str | os.PathLike[str], fmt: str | tuple[str, ...], what: str = "checkpoint",
+         fix: str = "retrain it") -> tuple[str, dict[str, Any]]:
+    """Read a file written by :func:`save`: its format tag and tree.
+
+    Args:
+        fmt: the format tag(s) accepted.
+        what: how errors name the file ("checkpoint", "TransE state", ...).
+        fix: what errors tell the user to do about a file that is not usable.
+
+    Raises:
+        PipelineError: missing file, pickle, unparsable or hostile header, wrong format.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"{what} {path} not found; {fix}")
+    with path.open("rb") as fh:
+        head = fh.read(8)
+    refuse_pickle(path, head)
+    fmts = (fmt,) if isinstance(fmt, str) else fmt
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            if meta.get(FORMAT_KEY) not in fmts:
+                raise PipelineError(
+                    f"{what} {path} is not a file of this version (format "
+                    f"{str(meta.get(FORMAT_KEY))[:40]!r}, want {' or '.join(fmts)}); {fix}"
+                )
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not a dict
+        data = json.loads(meta.get(TREE_KEY, "null"))
+    except PipelineError:
+        raise
+    except (SafetensorError, OSError, ValueError, RecursionError, MemoryError) as exc:
+        detail = str(exc).splitlines()[0][:120] if str(exc) else ""
+        raise PipelineError(
+            f"{what} {path} is unreadable ({type(exc).__name__}: {detail}); {fix}"
+        ) from None
+    if not isinstance(data, dict):
+        raise PipelineError(f"{what} {path} holds no data tree; {fix}")
+    return meta[FORMAT_KEY], unpack(data, tensors, f"{what} {path}")
+
+
+def load_tensors(path: str | os.PathLike[str], what: str, fix: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a plain safetensors file (no tree), e.g. an exported model's weights."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"{what} {path} not found; {fix}")
+    with path.open("rb") as fh:
+        refuse_pickle(path, fh.read(8))
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError, MemoryError) as exc:
+        detail = str(exc).splitlines()[0][:120] if str(exc) else ""
+        raise PipelineError(
+            f"{what} {path} is unreadable ({type(exc).__name__}: {detail}); {fix}"
+        ) from None

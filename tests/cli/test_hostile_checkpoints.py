@@ -1,0 +1,216 @@
+"""A checkpoint crafted to run code is refused by every loader, and the code never runs.
+
+Each hostile file would create ``MARKER`` if anything unpickled it: a raw pickle, the same
+object inside torch's zip format, a model folder whose config.json or safetensors header is
+hostile. Each loader (regrab-predict, regrab-score, evaluate, train's resume) must stop (or,
+for resume, start over) with one line, and the marker must never appear.
+"""
+
+import json
+import os
+import pickle
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from cli import predict, score
+from pipeline.errors import run_cli
+from stages import evaluate, train
+from tests.cli.test_score import _fewrel_json
+from tests.conftest import project_params
+from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits, toy_table
+
+TRAIN = {"steps": 2, "ways": [2, 3], "shots": [1, 2], "queries": 2, "val_every": 2,
+         "val_episodes": 5, "val_settings": ["2w1s"], "dvclive": False, "device": "cpu",
+         "methods": ["regrab", "proto"]}
+
+
+class Planted:
+    """Unpickling this calls ``os.system`` (the classic hostile pickle)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def hostile_files(folder: Path, marker: Path) -> dict[str, Path]:
+    """One file (or folder) per way of hiding code in a checkpoint."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    out["raw_pickle"] = folder / "raw.bin"
+    out["raw_pickle"].write_bytes(pickle.dumps({"format": "regrab-model-2",
+                                                "config": Planted(marker)}))
+    out["torch_zip"] = folder / "zip.bin"
+    torch.save({"format": "regrab-model-2", "config": Planted(marker)}, out["torch_zip"])
+    # A model folder whose config.json nests 100,000 deep and whose weights are a pickle.
+    deep = folder / "deep_json"
+    deep.mkdir()
+    (deep / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    shutil.copy(out["torch_zip"], deep / "model.safetensors")
+    # A safetensors file whose header claims 2^60 bytes.
+    out["huge_header"] = folder / "huge.bin"
+    out["huge_header"].write_bytes(struct.pack("<Q", 2**60) + b"{}")
+    # A valid safetensors framing whose metadata tree nests far too deep.
+    meta = {"format": "regrab-model-3", "tree": "[" * 5000 + "]" * 5000}
+    header = json.dumps({"__metadata__": meta}).encode()
+    out["deep_tree"] = folder / "deep_tree.bin"
+    out["deep_tree"].write_bytes(struct.pack("<Q", len(header)) + header)
+    # A folder with a well-formed config but pickled "weights".
+    bad_weights = folder / "pickled_weights"
+    bad_weights.mkdir()
+    (bad_weights / "config.json").write_text(json.dumps(
+        {"format": "regrab-model-folder-1", "config": {}, "graph": {}}))
+    shutil.copy(out["torch_zip"], bad_weights / "model.safetensors")
+    out["deep_json"], out["pickled_weights"] = deep, bad_weights
+    return out
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    enc = tiny_encoder(root / "bert")
+    splits = toy_splits(root / "splits")
+    graph, features = toy_graph(root)
+    params = project_params(**{
+        "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
+                              "normalize": 5.0}, "langevin": {"samples": 2, "steps": 2}},
+        "train": TRAIN,
+        "evaluate": {"episodes": 4, "queries": 2, "device": "cpu", "methods": ["proto"],
+                     "settings": ["2w1s"], "floor": False, "nota_rates": []},
+    })
+    p = root / "params.yaml"
+    p.write_text(yaml.safe_dump(params))
+    args = ["--splits", str(splits), "--graph", str(graph), "--features", str(features),
+            "--relations", str(labels_of(graph)), "--params", str(p)]
+    train.main([*args, "--out", str(root / "models")])
+    marker = root / "MARKER"
+    return {"root": root, "splits": splits, "params": p, "train_args": args, "marker": marker,
+            "hostile": hostile_files(root / "hostile", marker)}
+
+
+KINDS = ["raw_pickle", "torch_zip", "deep_json", "huge_header", "deep_tree", "pickled_weights"]
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err, "no error printed"
+    assert err[-1].startswith("error: ") and "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_predict_refuses(project, kind, tmp_path, capsys):
+    support = tmp_path / "s.jsonl"
+    support.write_text(json.dumps({"relation": "P6", "text": "[E1]w1[/E1] verb6 [E2]w2[/E2] ."})
+                       + "\n")
+    with pytest.raises(SystemExit) as exc:
+        predict.main(["--checkpoint", str(project["hostile"][kind]), "--support", str(support),
+                      "--queries", str(support), "--out", str(tmp_path / "p.jsonl"),
+                      "--device", "cpu"])
+    assert exc.value.code == 2
+    line = _one_error_line(capsys)
+    assert "checkpoint" in line or "model folder" in line
+    assert not project["marker"].exists()
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def _models_with(project, tmp_path, kind: str, name: str) -> Path:
+    """A copy of the trained models whose proto model is replaced by a hostile file."""
+    models = tmp_path / "models"
+    shutil.copytree(project["root"] / "models", models)
+    target = models / "split_0" / "proto"
+    (target / "model.safetensors").unlink()
+    src = project["hostile"][kind]
+    if src.is_dir():
+        shutil.rmtree(target)
+        shutil.copytree(src, target)
+        if name != "model.safetensors":
+            pytest.skip("a folder has one layout")
+    else:
+        shutil.copy(src, target / name)
+    return models
+
+
+@pytest.mark.parametrize("kind", ["raw_pickle", "torch_zip", "huge_header", "deep_tree"])
+@pytest.mark.parametrize("name", ["model.safetensors", "model.pt"])
+def test_evaluate_refuses(project, kind, name, tmp_path, capsys):
+    models = _models_with(project, tmp_path, kind, name)
+    with pytest.raises(SystemExit) as exc:
+        run_cli(evaluate.main, ["--splits", str(project["splits"]), "--models", str(models),
+                                "--metrics", str(tmp_path / "m.json"),
+                                "--plot", str(tmp_path / "p.png"), "--params",
+                                str(project["params"])])
+    assert exc.value.code == 2
+    line = _one_error_line(capsys)
+    assert "split_0/proto" in line
+    if kind in ("raw_pickle", "torch_zip"):
+        assert "old pickle format" in line and "regrab-models convert" in line
+    assert not project["marker"].exists() and not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["raw_pickle", "torch_zip", "deep_tree"])
+def test_score_refuses(project, kind, tmp_path, capsys):
+    models = _models_with(project, tmp_path, kind, "model.safetensors")
+    data = _fewrel_json(tmp_path / "d.json", toy_table(["Q91", "Q92", "Q93"], 8, seed=2))
+    with pytest.raises(SystemExit) as exc:
+        score.main(["--data", str(data), "--models", str(models), "--out",
+                    str(tmp_path / "x"), "--settings", "3w1s", "--params",
+                    str(project["params"])])
+    assert exc.value.code == 2
+    assert "split_0/proto" in _one_error_line(capsys)
+    assert not project["marker"].exists()
+
+
+@pytest.mark.parametrize("kind", ["raw_pickle", "torch_zip", "deep_tree"])
+def test_train_resume_refuses_planted_state(project, kind, tmp_path, caplog):
+    out = tmp_path / "models"
+    for name in ("state.safetensors", "state.pt", "model.pt"):
+        folder = out / "split_0" / "proto"
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(project["hostile"][kind], folder / name)
+    params = yaml.safe_load(project["params"].read_text())
+    params["train"]["methods"] = ["proto"]
+    p = tmp_path / "params.yaml"
+    p.write_text(yaml.safe_dump(params))
+    args = [a if a != str(project["params"]) else str(p) for a in project["train_args"]]
+    with caplog.at_level("WARNING"):
+        train.main([*args, "--out", str(out)])
+    assert not project["marker"].exists()
+    warned = [r.getMessage() for r in caplog.records if "state.safetensors" in r.getMessage()]
+    assert len(warned) == 1 and "starting over" in warned[0] and "\n" not in warned[0]
+    # Trained from scratch; the older version's pickles are gone, never loaded.
+    names = sorted(x.name for x in (out / "split_0" / "proto").iterdir())
+    assert names == ["model.safetensors"]
+
+
+def test_the_bait_runs_code_when_unpickled(tmp_path):
+    """The hostile files are real: an unrestricted unpickler runs their code."""
+    marker = tmp_path / "RAN"
+    files = hostile_files(tmp_path / "h", marker)
+    pickle.loads(files["raw_pickle"].read_bytes())  # noqa: S301 - that is the point
+    assert marker.exists()
+    marker.unlink()
+    torch.load(files["torch_zip"], weights_only=False)  # noqa: S614 - that is the point
+    assert marker.exists()
+
+
+def test_no_unrestricted_unpickling_in_project_code():
+    """No loader of user files may unpickle freely; the converter uses the restricted one."""
+    root = Path(__file__).resolve().parents[2]
+    offenders = []
+    for folder in ("cli", "model", "pipeline", "stages", "benchmarks", "scripts"):
+        for path in (root / folder).rglob("*.py"):
+            text = path.read_text()
+            for needle in ("weights_only=False", "pickle.load(", "pickle.loads(",
+                           "torch.load(path)"):
+                if needle in text:
+                    offenders.append(f"{path.relative_to(root)}: {needle}")
+            if "torch.load(" in text and path.name != "checkpoint.py":
+                offenders.append(f"{path.relative_to(root)}: torch.load")
+    assert offenders == []
