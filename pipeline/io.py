@@ -17,11 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
 from pipeline.errors import PipelineError
+from pipeline.schemas import FEWSHOT_SCHEMA
 
 
 @contextlib.contextmanager
@@ -48,6 +51,17 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
+def atomic_paths(*paths: str | os.PathLike[str]) -> Iterator[list[Path]]:
+    """:func:`atomic_path` for files that belong together (metrics, their tables, plots).
+
+    Yields one temporary path per file; all are renamed into place only after every one
+    was written, so a failure leaves all the old files (or none), never new beside old.
+    """
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(atomic_path(path)) for path in paths]
+
+
+@contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield an empty temporary folder next to ``path``; it replaces ``path`` on success.
 
@@ -57,8 +71,7 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True)
+    remove_stale_temporaries(path.parent, [path.name])
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     umask = os.umask(0)
     os.umask(umask)
@@ -82,6 +95,29 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
+    """Check, before any long work, that a file can be created where ``path`` will be written.
+
+    Creates the missing folders above ``path`` (the write would) and a temporary file in its
+    folder, which is removed again.
+
+    Raises:
+        PipelineError: the folder cannot be made or written to (``/proc/x``, read-only, ...).
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.",
+                                         suffix=".tmp"):
+            pass
+    except OSError as exc:
+        raise PipelineError(
+            f"{what} {path} cannot be written: no file can be made in {path.parent} "
+            f"({exc.strerror or type(exc).__name__}); give a path in a folder you can write to"
+        ) from exc
+    return path
 
 
 def file_digest(path: str | os.PathLike[str]) -> str | None:
@@ -157,6 +193,31 @@ def read_parquet(path: str | os.PathLike[str], schema: pa.Schema | None = None) 
     return table
 
 
+def read_fewshot(path: str | os.PathLike[str]) -> pa.Table:
+    """Read a few-shot table (``FEWSHOT_SCHEMA``) whose entity spans all fit their sentences.
+
+    Raises:
+        PipelineError: as :func:`read_parquet`, or a row whose head or tail span is empty,
+            outside its tokens, or overlaps the other entity (``prepare_fewshot`` never keeps
+            such a row, so the file was written by something else).
+    """
+    table = read_parquet(path, FEWSHOT_SCHEMA)
+    n = pc.list_value_length(table["tokens"]).to_numpy(zero_copy_only=False)
+    hs, he, ts, te = (table[c].to_numpy() for c in ("head_start", "head_end", "tail_start",
+                                                    "tail_end"))
+    ok = ((0 <= hs) & (hs < he) & (he <= n) & (0 <= ts) & (ts < te) & (te <= n)
+          & ((he <= ts) | (te <= hs)))
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        raise PipelineError(
+            f"{path} has {int((~ok).sum())} rows whose entity spans do not fit their sentence "
+            f"(first: {table['instance_id'][i]}, head [{hs[i]}, {he[i]}), tail [{ts[i]}, "
+            f"{te[i]}) of {n[i]} tokens); it was not written by prepare_fewshot, rebuild it "
+            "with dvc repro"
+        )
+    return table
+
+
 def _first_line(exc: BaseException) -> str:
     """The first line of an exception's message, so an error stays one line."""
     text = str(exc).strip()
@@ -175,13 +236,20 @@ def write_yaml(obj: Any, path: str | os.PathLike[str]) -> None:
         tmp.write_text(yaml.safe_dump(obj, sort_keys=False))
 
 
-def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
+def remove_stale_temporaries(folder: str | os.PathLike[str],
+                             names: list[str] | None = None) -> list[Path]:
     """Delete temporaries that :func:`atomic_path` or :func:`atomic_dir` left after a SIGKILL.
+
+    Args:
+        folder: where to look.
+        names: only the temporaries of these files (and the temporaries of those, which a
+            writer handed a temporary path leaves); default every temporary in ``folder``.
 
     Returns:
         The files and folders removed.
     """
-    stale = sorted(Path(folder).glob(".*.tmp"))
+    stale = sorted(p for p in Path(folder).glob(".*.tmp") if names is None
+                   or any(p.name.lstrip(".").startswith(f"{name}.") for name in names))
     for path in stale:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import field, load_section
 from pipeline.errors import PipelineError, run_cli
-from pipeline.io import atomic_dir, read_parquet, write_parquet, write_yaml
+from pipeline.io import atomic_dir, read_fewshot, write_parquet, write_yaml
 from pipeline.schemas import FEWSHOT_SCHEMA
 
 
@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)
     cfg = load_section(SplitFewrelParams, "split_fewrel", args.params)
-    parts = make_split(read_parquet(args.train, FEWSHOT_SCHEMA),
-                       read_parquet(args.test, FEWSHOT_SCHEMA), cfg)
+    parts = make_split(read_fewshot(args.train), read_fewshot(args.test), cfg)
     summary: dict[str, Any] = {"splits": {"split_0": {"seed": cfg.seed}}}
     with atomic_dir(args.out) as tmp:  # the folder appears whole or not at all
         for name, table in parts.items():

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import field, load_section
 from pipeline.errors import PipelineError, run_cli
-from pipeline.io import read_parquet, write_parquet, write_yaml
+from pipeline.io import atomic_dir, read_fewshot, write_parquet, write_yaml
 from pipeline.schemas import FEWSHOT_SCHEMA
 
 PARTS = ("train", "val", "test")
@@ -101,8 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = load_section(SplitParams, "split_nyt", args.params)
     sizes = {part: getattr(cfg, f"{part}_relations") for part in PARTS}
-    table = read_parquet(args.data, FEWSHOT_SCHEMA)
-    summary = make_splits(table, Path(args.out), list(cfg.seeds), sizes, cfg.min_instances)
+    table = read_fewshot(args.data)
+    with atomic_dir(args.out) as tmp:  # the folder appears whole or not at all
+        summary = make_splits(table, tmp, list(cfg.seeds), sizes, cfg.min_instances)
     print(f"wrote {len(summary['splits'])} splits of {sizes} relations to {args.out}")
 
 
