@@ -18,8 +18,10 @@ a string when it parses as a number, so ``lr: 2e-4`` works as a user expects.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -213,15 +215,38 @@ def data_mirror() -> Path | None:
     return path
 
 
-def select_device(requested: str = "auto") -> str:
-    """Pick the torch device once at an entry point: CUDA when present, else CPU."""
+#: The devices an entry point accepts: ``auto`` (CUDA when present), ``cpu``, ``cuda[:N]``.
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def select_device(requested: str = "auto", where: str = "device") -> str:
+    """Pick the torch device once at an entry point: CUDA when present, else CPU.
+
+    Args:
+        requested: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        where: where the value came from, for the message (``params.yaml train.device``).
+
+    Raises:
+        PipelineError: ``requested`` is no such device (``gpu``), or names a GPU that
+            this machine lacks.
+    """
     import torch
 
+    if not isinstance(requested, str) or not DEVICE.fullmatch(requested):
+        raise PipelineError(
+            f"{where} '{requested}' is not a device; use auto, cpu, cuda or cuda:N"
+        )
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():
         raise PipelineError(
-            f"device '{requested}' requested but CUDA is not available; use 'auto' or 'cpu'"
+            f"{where} '{requested}' requested but CUDA is not available; use 'auto' or 'cpu'"
+        )
+    index = int(requested.partition(":")[2] or 0)
+    if requested.startswith("cuda") and index >= torch.cuda.device_count():
+        raise PipelineError(
+            f"{where} '{requested}' names GPU {index}, but this machine has "
+            f"{torch.cuda.device_count()}; use 'cuda' or a lower index"
         )
     return requested
 
@@ -248,8 +273,53 @@ class Benchmark:
 
 def load_benchmarks(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Benchmark]:
     """The ``benchmarks`` section, validated like every other section."""
-    raw = load_params(path, "benchmarks")
+    return parse_benchmarks(load_params(path, "benchmarks"))
+
+
+def parse_benchmarks(raw: Any) -> dict[str, Benchmark]:
+    """Validate a ``benchmarks`` section (see :func:`load_benchmarks`)."""
     value = _coerce(raw, dict[str, Benchmark], "benchmarks")
     if not value:
         raise PipelineError("params.yaml benchmarks is empty; list nyt25 and/or fewrel")
     return value
+
+
+#: What reads each ``params.yaml`` section: its dataclass, or a function for ``benchmarks``,
+#: as ``module:name``. Imported only when a section is checked (the model's pull in torch).
+SECTIONS = {
+    "benchmarks": "pipeline.config:parse_benchmarks",
+    "fetch": "stages.fetch:FetchParams",
+    "prepare_fewshot": "stages.prepare_fewshot:PrepareFewshotParams",
+    "split_nyt": "stages.split_nyt:SplitParams",
+    "split_fewrel": "stages.split_fewrel:SplitFewrelParams",
+    "train_transe": "stages.train_transe:TrainTransEParams",
+    "build_graph": "stages.build_graph:BuildGraphParams",
+    "model": "model.checkpoint:ModelParams",
+    "train": "model.trainer:TrainConfig",
+    "evaluate": "stages.evaluate:EvalConfig",
+}
+
+
+def check_section(section: str, raw: Any) -> bool:
+    """Validate ``raw`` as ``params.yaml``'s ``section``, as its stage will.
+
+    Returns:
+        False when no schema is known for ``section`` (nothing checked), else True.
+
+    Raises:
+        PipelineError: what the stage would say about the section.
+    """
+    if section not in SECTIONS:
+        return False
+    module, name = SECTIONS[section].split(":")
+    before = set(os.environ)
+    reader = getattr(importlib.import_module(module), name)
+    # A stage module may set variables for its own process when loaded (OMP_WAIT_POLICY);
+    # they must not reach the stages this process starts.
+    for key in set(os.environ) - before:
+        del os.environ[key]
+    if dataclasses.is_dataclass(reader):
+        parse_section(reader, raw, section)
+    else:
+        reader(raw)
+    return True

@@ -17,9 +17,9 @@ along that seam:
 5. ``publish-metrics``: the metrics files declared in ``dvc.yaml`` become keyed table
    artifacts plus one markdown summary, and are returned.
 
-Without overrides steps 2 and 4 are skipped: that is a plain ``dvc repro``. After a
-failed run the overridden keys are set back (``restore-params``) so the next scheduled
-run does not inherit them.
+Without overrides steps 2 and 4 are skipped: that is a plain ``dvc repro``. After the
+run, failed or not, ``params.yaml`` gets its text back byte for byte (``restore-params``), so
+the next scheduled run does not inherit the overrides; the experiment keeps them.
 
 ``cluster`` (``--cluster``) names a running Dask scheduler; the flow exports it as
 ``REGRAB_DASK_ADDRESS`` to the stages that can spread their work over one
@@ -35,13 +35,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -51,7 +49,8 @@ from pipeline import dvc_access
 from pipeline.dvc_access import PlannedStage, StageError, plan_stages, repo_root
 from pipeline.errors import PipelineError, run_cli
 from pipeline.overrides import apply as apply_params
-from pipeline.overrides import describe, resolve
+from pipeline.overrides import describe, resolve, restore
+from pipeline.wikidata.engine import check_cluster
 
 __all__ = ["StageError", "plan_stages", "retrain", "validate_overrides"]
 
@@ -68,7 +67,6 @@ PARAMS_FILE = "params.yaml"
 DASK_ADDRESS_ENV = "REGRAB_DASK_ADDRESS"
 #: Stages that run on the cluster when one is given; the others never see the address.
 CLUSTER_STAGES = frozenset({"parse_wikidata"})
-CLUSTER_CONNECT_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -79,7 +77,7 @@ class Plan:
         root: the project root.
         stages: what ``dvc repro [targets]`` would run, upstream first.
         new_params: ``{key: value}`` to write into ``params.yaml`` (empty: plain repro).
-        old_params: the values they replace, restored if the run fails.
+        old_params: the values they replace, restored after the run.
         cluster: Dask scheduler address for ``CLUSTER_STAGES``, or None.
     """
 
@@ -98,41 +96,6 @@ def validate_overrides(repo_dir: str, override_map: dict[str, Any] | None) -> li
     """
     new, _ = resolve(repo_root(repo_dir) / PARAMS_FILE, override_map)
     return describe(new)
-
-
-def check_cluster(address: str | None, connect: bool = True) -> str | None:
-    """Normalise a Dask scheduler address (``host:port`` -> ``tcp://host:port``).
-
-    Args:
-        address: ``tcp://host:port``, ``tls://host:port`` or ``host:port``; None or
-            empty for no cluster.
-        connect: also check that something accepts connections there.
-
-    Raises:
-        PipelineError: a malformed address, or nothing answering at it.
-    """
-    if not address:
-        return None
-    url = address if "://" in address else f"tcp://{address}"
-    parts = urlsplit(url)
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError:
-        host, port = None, None
-    if parts.scheme not in {"tcp", "tls"} or not host or not port:
-        raise PipelineError(
-            f"cluster address '{address}' is not a Dask scheduler address; "
-            "give tcp://HOST:PORT (e.g. tcp://10.0.0.5:8786)"
-        )
-    if connect:
-        try:
-            socket.create_connection((host, port), timeout=CLUSTER_CONNECT_TIMEOUT_S).close()
-        except OSError as exc:
-            raise PipelineError(
-                f"no Dask scheduler answers at {url} ({exc}); start one there "
-                "(`dask scheduler`, workers with `dask worker " + url + "`) or drop --cluster"
-            ) from exc
-    return url
 
 
 def make_plan(
@@ -167,10 +130,22 @@ def experiment_name(run_name: str | None, run_id: str | None) -> str:
 
 
 @task(name="set-params", cache_policy=NO_CACHE, persist_result=False)
-def set_params(repo_dir: str, values: dict[str, Any]) -> None:
-    """Write ``{key: value}`` into ``params.yaml`` (comments and layout kept)."""
-    apply_params(Path(repo_dir) / PARAMS_FILE, values)
+def set_params(repo_dir: str, values: dict[str, Any]) -> tuple[str, str]:
+    """Write ``{key: value}`` into ``params.yaml`` (comments and layout kept).
+
+    Returns:
+        The file's text before and after, for ``restore-params``.
+    """
+    texts = apply_params(Path(repo_dir) / PARAMS_FILE, values)
     get_run_logger().info("%s: set %s", PARAMS_FILE, ", ".join(describe(values)))
+    return texts
+
+
+@task(name="restore-params", cache_policy=NO_CACHE, persist_result=False)
+def restore_params(repo_dir: str, texts: tuple[str, str], old: dict[str, Any]) -> None:
+    """Put ``params.yaml`` back as it was before ``set-params``."""
+    restore(Path(repo_dir) / PARAMS_FILE, texts, old)
+    get_run_logger().info("%s: restored (%s)", PARAMS_FILE, ", ".join(describe(old)))
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
@@ -310,25 +285,24 @@ def retrain(
     root = str(plan.root)
     logger.info("stages in order: %s", ", ".join(s.name for s in plan.stages))
 
-    exp_name = None
+    exp_name, texts = None, None
     if plan.new_params:
         exp_name = experiment_name(flow_run.get_name(), flow_run.get_id())
-        set_params(root, plan.new_params)
+        texts = set_params(root, plan.new_params)
     durations: dict[str, float] = {}
     try:
         for stage in plan.stages:
             durations[stage.name] = stage_task(stage.name)(root, stage.name, plan.cluster)
         if exp_name:
             save_experiment(root, exp_name, plan.stages)
-    except BaseException:
-        if plan.old_params:
-            # A failed experiment must not leave its params behind for the next scheduled
-            # run (`dvc exp run` would); DVC sees the stages that did run as changed.
+    finally:
+        if texts is not None:
+            # An experiment, failed or saved, must not leave its params behind for the next
+            # scheduled run (`dvc exp run` would); DVC sees the stages that ran as changed.
             try:
-                set_params.with_options(name="restore-params")(root, plan.old_params)
+                restore_params(root, texts, plan.old_params)
             except Exception as exc:  # keep the stage's error as the one raised
                 logger.error("could not restore %s: %s", PARAMS_FILE, exc)
-        raise
     return publish_metrics(root, exp_name, describe(plan.new_params), durations)
 
 

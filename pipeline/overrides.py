@@ -14,7 +14,9 @@ float), so a key set through the flow means what it means on DVC's command line.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +111,46 @@ def resolve(
     for key, value in overrides.items():
         old[key] = check_key(params, key, params_path.name)
         new[key] = parse_value(key, value) if isinstance(value, str) else value
+    check_sections(params, new)
     return new, old
+
+
+def check_sections(params: dict[str, Any], new: dict[str, Any]) -> None:
+    """Check each section that ``new`` changes as its stage will read it, before any stage.
+
+    A section that no known schema reads as it stands (another project's file) is left to
+    its stage.
+
+    Raises:
+        PipelineError: an override that the stage would refuse (``train.steps=abc``).
+    """
+    from pipeline.config import check_section
+
+    after = copy.deepcopy(params)
+    for key, value in new.items():
+        _set(after, key, value)
+    for section in dict.fromkeys(key.split(".")[0] for key in new):
+        try:
+            if not check_section(section, params[section]):
+                continue
+        except PipelineError:
+            continue
+        try:
+            check_section(section, after[section])
+        except PipelineError as exc:
+            given = " ".join(f"-S {o}" for o in describe(
+                {k: v for k, v in new.items() if k.split(".")[0] == section}))
+            reason = str(exc).removesuffix("; fix params.yaml")
+            raise PipelineError(f"{given}: {reason}; change the override") from None
+
+
+def _set(tree: Any, key: str, value: Any) -> None:
+    """Set dotted ``key`` (which exists) in a parsed params tree; a digit part indexes a list."""
+    *parents, last = key.split(".")
+    node = tree
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    node[int(last) if isinstance(node, list) else last] = value
 
 
 def describe(values: dict[str, Any]) -> list[str]:
@@ -117,25 +158,46 @@ def describe(values: dict[str, Any]) -> list[str]:
     return [f"{key}={json.dumps(value, default=str)}" for key, value in values.items()]
 
 
-def apply(params_path: Path, values: dict[str, Any]) -> None:
+def apply(params_path: Path, values: dict[str, Any]) -> tuple[str, str]:
     """Set dotted keys in ``params_path`` in place, keeping its comments and layout.
 
     The keys must exist (check them with :func:`resolve` first). The file is
     rewritten atomically, so a crash leaves the old or the new file, never half.
+
+    Returns:
+        The file's text before and after, for :func:`restore`.
     """
     from ruamel.yaml import YAML
+    from ruamel.yaml.util import load_yaml_guess_indent
 
+    before = params_path.read_text()
     rt = YAML()  # round-trip mode: comments, key order and quoting survive
     rt.preserve_quotes = True
-    data = rt.load(params_path.read_text())
+    # The file's own indentation, and no line wrapping: only the set lines change.
+    _, indent, offset = load_yaml_guess_indent(before)
+    nested = [len(m.group(1)) for m in re.finditer(r"^( +)[^\s#-][^:\n]*:", before, re.M)]
+    rt.indent(mapping=min(nested, default=2), sequence=indent, offset=offset)
+    rt.width = 1 << 16
+    data = rt.load(before)
     for key, value in values.items():
-        *parents, last = key.split(".")
-        node = data
-        for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        node[int(last) if isinstance(node, list) else last] = value
+        _set(data, key, value)
     with atomic_path(params_path) as tmp, tmp.open("w") as fh:
         rt.dump(data, fh)
+    return before, params_path.read_text()
+
+
+def restore(params_path: Path, texts: tuple[str, str], old: dict[str, Any]) -> None:
+    """Undo :func:`apply`: its ``(before, after)`` texts, and the values it replaced.
+
+    While the file still holds what ``apply`` wrote, the text before comes back byte for
+    byte; if it was edited since, only the keys are set back, keeping those edits.
+    """
+    before, after = texts
+    if params_path.read_text() != after:
+        apply(params_path, old)
+        return
+    with atomic_path(params_path) as tmp:
+        tmp.write_text(before)
 
 
 def overrides(profile: dict[str, Any], base: dict[str, Any]) -> list[str]:

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "damaged_ranges": sum(s.damaged_ranges for s in parsed.stats),
         "settings": {
             "engine": parsed.engine,
-            "workers": args.workers,
+            "workers": None if args.cluster else args.workers,  # the cluster's own count
             "cluster": args.cluster,
             "range_mb": args.range_mb,
         },

@@ -15,10 +15,16 @@ killed run resumes where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 from tqdm import tqdm
@@ -39,6 +45,111 @@ from pipeline.wikidata.ranges import (
 ADDRESS_ENV = "REGRAB_DASK_ADDRESS"
 #: Seconds to wait for an existing scheduler to answer.
 CONNECT_TIMEOUT_S = 10
+#: Seconds to wait for a TCP connection to a scheduler's address, checked first.
+PROBE_TIMEOUT_S = 5.0
+
+
+def check_cluster(address: str | None, connect: bool = True) -> str | None:
+    """Normalise a Dask scheduler address (``host:port`` -> ``tcp://host:port``).
+
+    Args:
+        address: ``tcp://host:port``, ``tls://host:port`` or ``host:port``; None or
+            empty for no cluster.
+        connect: also check that something accepts connections there.
+
+    Raises:
+        PipelineError: a malformed address, or nothing answering at it.
+    """
+    if not address:
+        return None
+    url = address if "://" in address else f"tcp://{address}"
+    parts = urlsplit(url)
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port = None, None
+    if parts.scheme not in {"tcp", "tls"} or not host or not port:
+        raise PipelineError(
+            f"cluster address '{address}' is not a Dask scheduler address; "
+            "give tcp://HOST:PORT (e.g. tcp://10.0.0.5:8786)"
+        )
+    if connect:
+        try:
+            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+        except OSError as exc:
+            raise _unreachable(url, exc) from exc
+    return url
+
+
+def _unreachable(address: str, exc: BaseException) -> PipelineError:
+    return PipelineError(
+        f"cannot reach Dask scheduler at {address} ({type(exc).__name__}: {exc}); start it "
+        f"(`dask scheduler` and `dask worker {address}` on the machines), fix the "
+        f"address, or drop --cluster / unset {ADDRESS_ENV} to use a local cluster"
+    )
+
+
+def _connect(address: str) -> Any:
+    """A client of the scheduler at ``address``: a quick probe, then Dask's handshake."""
+    from distributed import Client
+
+    if "://" not in address or urlsplit(address).scheme in ("tcp", "tls"):  # not inproc://
+        address = check_cluster(address)
+    try:
+        return Client(address, timeout=CONNECT_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - refused, timed out, or not Dask at all
+        raise _unreachable(address, exc) from exc
+
+
+def _local_cluster(workers: int) -> Any:
+    """A local cluster of ``workers`` processes that leave Ctrl-C to this process.
+
+    The worker processes start with SIGINT ignored (a process inherits that), so a Ctrl-C to
+    the process group stops this process alone, which closes the cluster, instead of every
+    worker printing its own traceback. Threads that ``distributed`` started on import spawn
+    the workers, so a signal mask would not reach them; the price is that a Ctrl-C during
+    the second or two the workers take to start is dropped.
+    """
+    from distributed import LocalCluster
+
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        # One single-threaded process per worker: parsing holds the GIL.
+        return LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=logging.ERROR,
+        )
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
+def _held_ctrl_c() -> Iterator[Callable[[], None]]:
+    """Hold a Ctrl-C until the caller checks, between results.
+
+    Raised inside one of ``distributed``'s own waits, a KeyboardInterrupt can make its event
+    loop log a traceback of its own; held, it ends the run with the one line of
+    :func:`pipeline.errors.run_cli`. The check comes at least every 0.1 s.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    pressed: list[int] = []
+
+    def check() -> None:
+        if pressed:
+            raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _serial(ranges: list[WorkRange], batch_bytes: int) -> Iterator[tuple[WorkRange, RangeResult]]:
@@ -47,30 +158,14 @@ def _serial(ranges: list[WorkRange], batch_bytes: int) -> Iterator[tuple[WorkRan
 
 
 def _on_dask(
-    ranges: list[WorkRange], batch_bytes: int, workers: int, address: str | None
+    ranges: list[WorkRange], batch_bytes: int, workers: int, client: Any = None
 ) -> Iterator[tuple[WorkRange, RangeResult]]:
-    """Ranges as Dask tasks, results in the order they finish."""
-    from distributed import Client, LocalCluster, as_completed
+    """Ranges as Dask tasks on ``client`` (default: a local cluster), in the order they finish."""
+    from distributed import Client, as_completed
 
     cluster = None
-    if address:
-        try:
-            client = Client(address, timeout=CONNECT_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - refused, timed out, or not Dask at all
-            raise PipelineError(
-                f"cannot reach Dask scheduler at {address} ({type(exc).__name__}); start it "
-                "(`dask scheduler` and `dask worker ADDRESS` on the machines), fix the "
-                f"address, or drop --cluster / unset {ADDRESS_ENV} to use a local cluster"
-            ) from exc
-    else:
-        # One single-threaded process per worker: parsing holds the GIL.
-        cluster = LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=":0",
-            silence_logs=logging.ERROR,
-        )
+    if client is None:
+        cluster = _local_cluster(workers)
         client = Client(cluster)
     try:
         by_key = {}
@@ -79,10 +174,17 @@ def _on_dask(
             future = client.submit(parse_range, work, batch_bytes, key=f"range-{work.name}")
             by_key[future.key] = work
             futures.append(future)
-        for future in as_completed(futures):
-            result = future.result()
-            yield by_key[future.key], result
-            future.release()
+        pending = as_completed(futures)
+        with _held_ctrl_c() as check:
+            while not pending.is_empty():
+                check()
+                if not pending.has_ready():
+                    time.sleep(0.1)
+                    continue
+                future = next(pending)
+                result = future.result()
+                yield by_key[future.key], result
+                future.release()
     finally:
         client.close()
         if cluster is not None:
@@ -115,7 +217,8 @@ def parse_inputs(
 
     Raises:
         PipelineError: An input is missing, unreadable, of unknown format, or listed twice;
-            the scheduler at ``address`` cannot be reached.
+            the scheduler at ``address`` cannot be reached (checked before anything is
+            written or drawn).
     """
     if len(paths) > np.iinfo(np.uint16).max:
         raise PipelineError(f"{len(paths)} inputs; at most 65535 fit the file index, merge some")
@@ -136,6 +239,8 @@ def parse_inputs(
         for index, (path, fmt) in enumerate(zip(paths, formats, strict=True))
         for work in plan_ranges(path, index, fmt, range_bytes)
     ]
+    # A wrong scheduler address is one line before the work folder or the bar appear.
+    client = _connect(address) if address else None
     store = PartStore(work_dir, manifest(paths, formats, range_bytes))
     todo = [work for work in ranges if not store.done(work)]
     bar = tqdm(
@@ -155,7 +260,7 @@ def parse_inputs(
     if not address and (workers == 0 or small):
         results, engine = _serial(todo, batch_bytes), "in-process"
     elif address:
-        results, engine = _on_dask(todo, batch_bytes, 0, address), f"Dask scheduler {address}"
+        results, engine = _on_dask(todo, batch_bytes, 0, client), f"Dask scheduler {address}"
     else:
         results = _on_dask(todo, batch_bytes, workers, None)
         engine = f"local Dask cluster, {workers} workers"

@@ -144,7 +144,7 @@ def test_cluster_address_is_checked(tmp_path: Path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound but not listening: nothing answers
-        with pytest.raises(PipelineError, match=f"no Dask scheduler answers at tcp://127.0.0.1:{port}"):
+        with pytest.raises(PipelineError, match=f"cannot reach Dask scheduler at tcp://127.0.0.1:{port}"):
             check_cluster(f"127.0.0.1:{port}")
 
 
