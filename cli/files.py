@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_path
+from pipeline.io import atomic_path, check_writable
 
 INPUT_FORMATS = (".jsonl", ".json", ".parquet", ".txt")
 OUTPUT_FORMATS = (".jsonl", ".parquet")
@@ -28,6 +28,13 @@ def _kind(path: Path, allowed: tuple[str, ...], what: str) -> str:
         raise PipelineError(f"{what} {path} has extension {suffix or '(none)'}; use one of "
                             f"{', '.join(allowed)}")
     return suffix
+
+
+def check_output(path: Path) -> str:
+    """The output format of ``path`` (its extension), once it is known to be writable there."""
+    kind = _kind(path, OUTPUT_FORMATS, "output")
+    check_writable(path)
+    return kind
 
 
 def read_records(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int, Any]]:
@@ -51,6 +58,11 @@ def read_records(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int,
         text = path.read_text(encoding="utf-8")
     except (UnicodeDecodeError, OSError) as exc:
         raise PipelineError(f"{what} {path} is not readable UTF-8 text ({exc})") from exc
+    if kind != ".txt" and _is_fewrel(text):
+        raise PipelineError(
+            f"{what} {path} is a FewRel-format file (relation id -> list of sentences), not "
+            "one JSON record per line; write one record per line (JSONL), or score a FewRel "
+            "file with regrab-score --data")
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -61,6 +73,20 @@ def read_records(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int,
             yield number, json.loads(line)
         except json.JSONDecodeError as exc:
             yield number, PipelineError(f"not JSON ({exc.msg} at column {exc.colno})")
+        except RecursionError:
+            yield number, PipelineError("JSON nested too deeply to be a sentence record")
+
+
+def _is_fewrel(text: str) -> bool:
+    """Whether ``text`` is one JSON object of FewRel's layout ``{relation: [record, ...]}``."""
+    if not text.lstrip().startswith("{"):
+        return False
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):  # JSONL (or broken JSON): read line by line
+        return False
+    return isinstance(data, dict) and bool(data) and all(
+        isinstance(v, list) and all(isinstance(x, dict) for x in v) for v in data.values())
 
 
 def write_predictions(rows: list[dict[str, Any]], relations: list[str],
@@ -70,7 +96,7 @@ def write_predictions(rows: list[dict[str, Any]], relations: list[str],
     In Parquet, ``probabilities`` is a struct with one float64 field per candidate relation.
     """
     path = Path(path)
-    kind = _kind(path, OUTPUT_FORMATS, "output")
+    kind = check_output(path)
     with atomic_path(path) as tmp:
         if kind == ".jsonl":
             with tmp.open("w", encoding="utf-8") as fh:

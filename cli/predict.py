@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from cli.files import read_records, write_predictions
+from cli.files import check_output, read_records, write_predictions
 from model.predictor import Predictor, Sentence, has_sentence, parse_sentence
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
@@ -106,6 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.batch_size < 1 or args.chunk < 1:
         raise PipelineError("--batch-size and --chunk must be >= 1")
+    check_output(args.out)  # before the predictions, not after them
     return args
 
 
@@ -113,11 +114,12 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
     """Predict, write ``--out`` atomically, print a summary; returns the summary counts."""
     args = parse_args(argv)
     set_threads(args.threads)
+    device = select_device(args.device, "--device")
     zero_shot = [r.strip() for r in args.zero_shot.split(",") if r.strip()]
     support = read_support(args.support, zero_shot)
     queries, skipped = read_queries(args.queries)
     predictor = Predictor.from_checkpoint(
-        args.checkpoint, select_device(args.device), seed=args.seed, threshold=args.threshold,
+        args.checkpoint, device, seed=args.seed, threshold=args.threshold,
         batch_size=args.batch_size)
     summary = predictor.set_support(support)
     rows: list[dict[str, Any]] = []

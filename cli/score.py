@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from model.episodes import Setting
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
-from pipeline.io import atomic_path, write_parquet
+from pipeline.io import atomic_paths, check_writable, write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 from stages.evaluate import EvalConfig, evaluate_split
 from stages.prepare_fewshot import convert, load_json
@@ -62,10 +63,16 @@ def checkpoints(models: Path, methods: list[str]) -> dict[str, dict[str, Path]]:
 
 
 def sort_relations(table: pa.Table, needed: int, trained: set[str],
-                   keep_trained: bool) -> tuple[pa.Table, dict[str, Any]]:
-    """Drop relations with too few sentences and, unless kept, those a model trained on."""
+                   keep_trained: bool,
+                   listed: Iterable[str] = ()) -> tuple[pa.Table, dict[str, Any]]:
+    """Drop relations with too few sentences and, unless kept, those a model trained on.
+
+    ``listed`` names every relation of the file, so one with no usable sentence (``[]``)
+    is counted among the skipped too.
+    """
     grouped = table.group_by("relation").aggregate([("relation", "count")]).to_pydict()
-    counts = dict(zip(grouped["relation"], grouped["relation_count"], strict=True))
+    counts = {**dict.fromkeys(listed, 0),
+              **dict(zip(grouped["relation"], grouped["relation_count"], strict=True))}
     small = {r: n for r, n in sorted(counts.items()) if n < needed}
     seen = sorted(set(counts) & trained)
     drop = set(small) | (set() if keep_trained else set(seen))
@@ -95,6 +102,9 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
                         help="evaluate section: queries, seed, batch sizes, device")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    outputs = [args.out.with_name(args.out.name + end) for end in (".json", "_report.json",
+                                                                    ".md")]
+    check_writable(outputs[0])  # before the scoring, not after it
     methods = [m for m in (args.methods or ",".join(METHODS)).split(",") if m]
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
@@ -116,7 +126,8 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
         base, methods=tuple(methods), settings=tuple(s.name for s in settings), splits=(),
         episodes=args.episodes or base.episodes, nota_rates=(), nota_settings=(), floor=True)
 
-    table, parsed = convert(args.data.stem, load_json(args.data), {})
+    table, parsed = convert(args.data.stem, load_json(args.data, fix=(
+        "give --data a FewRel-format JSON file: {relation: [{tokens, h, t}, ...]}")), {})
     trained: set[str] = set()
     encoders = set()
     for paths in found.values():
@@ -129,7 +140,8 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
         raise PipelineError(f"the checkpoints under {args.models} use different encoders "
                             f"{sorted(encoders)}; score one benchmark's models at a time")
     needed = max(s.shots for s in settings) + cfg.queries
-    table, relations = sort_relations(table, needed, trained, args.keep_trained)
+    table, relations = sort_relations(table, needed, trained, args.keep_trained,
+                                      parsed["instances_per_relation"])
     usable = len(relations["relations_scored"])
     too_many = [s.name for s in settings if s.ways > usable]
     if too_many:
@@ -144,7 +156,7 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
           f"({'excluded' if not args.keep_trained else 'kept, flagged'}): "
           f"{relations['trained_on']}")
     set_threads(cfg.threads)
-    device = select_device(cfg.device)
+    device = select_device(cfg.device, f"{args.params} evaluate.device")
     work = Path(tempfile.mkdtemp(prefix="regrab-score-"))
     try:
         per_split, nota = {}, {}
@@ -160,16 +172,15 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     summary["relations"] = {**relations, "parsed": {k: v for k, v in parsed.items()
                                                     if k != "instances_per_relation"}}
     metrics = report.headline_metrics(summary, args.data.stem, tuple(methods))
-    out = args.out
-    report.write_json_ordered(metrics, out.with_name(out.name + ".json"))
-    report.write_json_ordered(summary, out.with_name(out.name + "_report.json"))
     note = (f"{args.data.name}: {usable} relations, {cfg.episodes} episodes per setting and "
             f"checkpoint split, {cfg.queries} queries per way; models from {args.models}. "
             f"Relations trained on: {relations['trained_on'] or 'none'}"
             f"{' (kept, flagged)' if args.keep_trained else ' (excluded)'}.")
     text = report.markdown_report(summary, [s.name for s in settings], note)
-    with atomic_path(out.with_name(out.name + ".md")) as tmp:
-        tmp.write_text(text)
+    with atomic_paths(*outputs) as (metrics_tmp, report_tmp, table_tmp):  # all or none
+        report.write_json_ordered(metrics, metrics_tmp)
+        report.write_json_ordered(summary, report_tmp)
+        table_tmp.write_text(text)
     print(text)
     return {"metrics": metrics, "relations": relations}
 

@@ -29,6 +29,7 @@ Shapes:
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -112,16 +113,26 @@ def parse_marked_text(text: str) -> Sentence:
     return Sentence(tuple(tokens), spans["1"], spans["2"])
 
 
+def _position(value: Any, what: str) -> int:
+    """A token position as given: an integer, never a string, float or bool read as one."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise PipelineError(f"{what} position {value!r} is not an integer token index; write "
+                            "positions as plain integers such as 0 or 3")
+    return int(value)
+
+
 def _fewrel_span(entity: Any, which: str) -> tuple[int, int]:
     """``[start, end)`` of the first mention of a FewRel ``h``/``t`` entry."""
     try:
-        positions = [int(p) for p in entity[2][0]]
+        positions = entity[2][0]
     except (TypeError, IndexError, KeyError, ValueError):
+        positions = None
+    if not isinstance(positions, list):
         raise PipelineError(
-            f"'{which}' is not a FewRel entity [name, id, [[positions]]]; fix the record"
-        ) from None
+            f"'{which}' is not a FewRel entity [name, id, [[positions]]]; fix the record")
     if not positions:
         raise PipelineError(f"'{which}' has no token positions; fix the record")
+    positions = [_position(p, f"'{which}'") for p in positions]
     return min(positions), max(positions) + 1
 
 
@@ -157,8 +168,8 @@ def parse_sentence(record: str | Mapping[str, Any] | Sentence) -> Sentence:
         head, tail = _fewrel_span(record["h"], "h"), _fewrel_span(record["t"], "t")
     elif all(record.get(k) is not None for k in ("head_start", "head_end", "tail_start",
                                                  "tail_end")):
-        head = (int(record["head_start"]), int(record["head_end"]))
-        tail = (int(record["tail_start"]), int(record["tail_end"]))
+        head, tail = ((_position(record[f"{e}_start"], f"{e}_start"),
+                       _position(record[f"{e}_end"], f"{e}_end")) for e in ("head", "tail"))
     else:
         raise PipelineError("record has 'tokens' but no entity spans; add FewRel 'h' and 't' "
                             "or head_start/head_end/tail_start/tail_end")

@@ -117,12 +117,18 @@ def convert(
     return table, report
 
 
-def load_json(path: Path) -> Any:
-    """Load a JSON file, turning a missing, corrupt or hostile file into a one-line error."""
+def load_json(path: Path, fix: str | None = None) -> Any:
+    """Load a JSON file, turning a missing, corrupt or hostile file into a one-line error.
+
+    Args:
+        path: the file.
+        fix: what to do about a bad file that a user gave (default: the advice for the
+            pipeline's own files, which the fetch stage brings).
+    """
     if not path.is_file():
         raise PipelineError(
-            f"{path} not found; list {path.name} under fetch.files in params.yaml "
-            f"(then dvc repro fetch) or copy it into {path.parent}"
+            f"{path} not found; " + (fix or f"list {path.name} under fetch.files in params.yaml "
+                                     f"(then dvc repro fetch) or copy it into {path.parent}")
         )
     try:
         with path.open("rb") as fh:
@@ -133,7 +139,7 @@ def load_json(path: Path) -> Any:
     except ValueError as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise PipelineError(
-            f"{path} is not valid JSON ({reason}); re-fetch it with dvc repro -f fetch"
+            f"{path} is not valid JSON ({reason}); {fix or 're-fetch it with dvc repro -f fetch'}"
         ) from exc
 
 

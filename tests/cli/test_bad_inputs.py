@@ -1,0 +1,212 @@
+"""Bad input to regrab-predict and regrab-score: one ``error:`` line, exit 2, nothing written."""
+
+import json
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli import predict, score
+from model.checkpoint import MODEL_FILE
+from model.predictor import parse_sentence
+from tests.conftest import project_params
+from tests.model.test_predictor import tiny_checkpoint
+from tests.model.tiny_regrab import toy_table
+
+ROOT = Path(__file__).resolve().parents[2]
+RELATIONS = ["P6", "P7", "P8"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A tiny checkpoint, a 3-way 2-shot support file and three good queries."""
+    root = tmp_path_factory.mktemp("bad_cli")
+    rows = toy_table(RELATIONS, 4, seed=4).to_pylist()
+    support = [{"relation": r["relation"], "text": parse_sentence(r).marked()}
+               for r in rows if int(r["instance_id"].rsplit("-", 1)[1]) < 2]
+    queries = [{"text": parse_sentence(r).marked()} for r in rows[2::4]]
+    (root / "support.jsonl").write_text("".join(json.dumps(s) + "\n" for s in support))
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    return {"root": root, "ckpt": tiny_checkpoint(root), "support": root / "support.jsonl",
+            "queries": root / "queries.jsonl", "rows": rows}
+
+
+def _argv(files, out, queries=None, support=None):
+    return ["--checkpoint", str(files["ckpt"]), "--support", str(support or files["support"]),
+            "--queries", str(queries or files["queries"]), "--out", str(out),
+            "--device", "cpu"]
+
+
+def _one_error(capsys, call) -> str:
+    with pytest.raises(SystemExit) as exc:
+        call()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    return err.strip()
+
+
+# --------------------------------------------------------------------- span positions (8)
+
+
+@pytest.mark.parametrize("bad", ["0", 0.5, True])
+def test_span_positions_must_be_integers(files, capsys, tmp_path, bad):
+    x = files["rows"][0]
+    fewrel = {"tokens": x["tokens"], "h": ["h", "Q1", [[bad]]],
+              "t": ["t", "Q2", [list(range(x["tail_start"], x["tail_end"]))]]}
+    columns = {"tokens": x["tokens"], "head_start": bad, "head_end": x["head_end"],
+               "tail_start": x["tail_start"], "tail_end": x["tail_end"]}
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(json.dumps(fewrel) + "\n" + json.dumps(columns) + "\n")
+    out = tmp_path / "out.jsonl"
+    err = _one_error(capsys, lambda: predict.main(_argv(files, out, queries)))
+    assert "none of the 2 queries" in err and "not an integer token index" in err
+    assert not out.exists()
+    # In the support file the same record stops the run, naming its line.
+    support = tmp_path / "s.jsonl"
+    support.write_text(files["support"].read_text() + json.dumps({"relation": "P6", **fewrel})
+                       + "\n")
+    err = _one_error(capsys, lambda: predict.main(_argv(files, out, support=support)))
+    assert f"line {len(support.read_text().splitlines())}" in err
+    assert "not an integer token index" in err
+
+
+# ------------------------------------------------------------------ --device gpu (5)
+
+
+def test_device_gpu_is_named_not_a_corrupt_checkpoint(files, capsys, tmp_path):
+    out = tmp_path / "out.jsonl"
+    err = _one_error(capsys, lambda: predict.main(_argv(files, out) + ["--device", "gpu"]))
+    assert "--device 'gpu' is not a device" in err and "auto, cpu, cuda" in err
+    assert "corrupt" not in err and not out.exists()
+
+
+# ------------------------------------------------------------- files and outputs (9)
+
+
+def test_output_format_is_refused_before_predicting(files, capsys, tmp_path, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was loaded before --out was checked")
+
+    monkeypatch.setattr(predict.Predictor, "from_checkpoint", never)
+    err = _one_error(capsys, lambda: predict.main(_argv(files, tmp_path / "p.csv")))
+    assert "extension .csv" in err
+
+
+def test_output_folder_that_cannot_be_written(files, capsys, tmp_path, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was loaded before --out was checked")
+
+    monkeypatch.setattr(predict.Predictor, "from_checkpoint", never)
+    for out in ("/proc/x/out.jsonl", "/dev/null/out.jsonl"):
+        err = _one_error(capsys, lambda out=out: predict.main(_argv(files, out)))
+        assert f"output {out} cannot be written" in err
+    assert not Path("/proc/x").exists()
+
+
+def test_deeply_nested_json_line_is_skipped_and_counted(files, capsys, tmp_path):
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("[" * 100_000 + "]" * 100_000 + "\n" + files["queries"].read_text())
+    out = tmp_path / "out.jsonl"
+    assert predict.predict_files(_argv(files, out, queries))["skipped"] == 1
+    printed = capsys.readouterr().out
+    assert "skipped line 1: JSON nested too deeply" in printed
+    assert len(out.read_text().splitlines()) == 3
+    support = tmp_path / "s.jsonl"
+    support.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    err = _one_error(capsys, lambda: predict.main(_argv(files, out, support=support)))
+    assert "nested too deeply" in err
+
+
+def test_fewrel_file_as_queries_names_the_format(files, capsys, tmp_path):
+    x = files["rows"][0]
+    record = {"tokens": x["tokens"], "h": ["h", "Q1", [[x["head_start"]]]],
+              "t": ["t", "Q2", [[x["tail_start"]]]]}
+    for name, text in (("one_line.json", json.dumps({"P6": [record, record]})),
+                       ("indented.json", json.dumps({"P6": [record], "P7": []}, indent=2))):
+        (tmp_path / name).write_text(text + "\n")
+        err = _one_error(capsys, lambda name=name: predict.main(
+            _argv(files, tmp_path / "out.jsonl", tmp_path / name)))
+        assert "is a FewRel-format file" in err and "regrab-score" in err
+        assert "record has no sentence" not in err
+
+
+def test_write_failure_is_one_line_and_leaves_no_file(files, tmp_path):
+    """Disk full or ``ulimit -f``: the JSONL does not fit in 100 bytes."""
+    out = tmp_path / "out.jsonl"
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+
+    done = subprocess.run([sys.executable, "-m", "cli.predict", *_argv(files, out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          preexec_fn=limit)
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: a write failed (File too large)") and "ulimit -f" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------- regrab-score
+
+
+@pytest.fixture(scope="module")
+def models(files):
+    """One untrained checkpoint as a benchmark's models folder, and params to score with."""
+    root = files["root"]
+    folder = root / "models" / "split_0" / "regrab"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(files["ckpt"], folder / MODEL_FILE)
+    params = root / "params.yaml"
+    params.write_text(yaml.safe_dump(project_params(
+        evaluate={"episodes": 4, "queries": 2, "device": "cpu"})))
+    return root / "models", params
+
+
+def _score(models, data, out, *extra):
+    folder, params = models
+    return score.score(["--data", str(data), "--models", str(folder), "--out", str(out),
+                        "--methods", "regrab", "--settings", "3w1s", "--params", str(params),
+                        *extra])
+
+
+def test_score_own_file_that_is_not_json_names_no_pipeline_fix(models, capsys, tmp_path):
+    data = tmp_path / "mine.json"
+    data.write_text('{"works_for": [{"tokens": ["a"], ')
+    err = _one_error(capsys, lambda: score.main(
+        ["--data", str(data), "--models", str(models[0]), "--out", str(tmp_path / "o"),
+         "--params", str(models[1])]))
+    assert f"{data} is not valid JSON" in err and "FewRel-format" in err
+    assert "dvc repro" not in err and "re-fetch" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.json"]
+
+
+def test_score_counts_a_relation_given_with_no_sentences(models, tmp_path, capsys):
+    rows = toy_table(["P6", "P7", "P8"], 6, seed=5).to_pylist()
+    data = {}
+    for r in rows:
+        data.setdefault(r["relation"], []).append(
+            {"tokens": r["tokens"], "h": ["h", "Q1", [list(range(r["head_start"],
+                                                                  r["head_end"]))]],
+             "t": ["t", "Q2", [list(range(r["tail_start"], r["tail_end"]))]]})
+    data["P9"] = []
+    path = tmp_path / "own.json"
+    path.write_text(json.dumps(data))
+    result = _score(models, path, tmp_path / "own")
+    assert result["relations"]["too_few_sentences"] == {"P9": 0}
+    assert "skipped 1 with < 3 sentences" in capsys.readouterr().out
+    report = json.loads((tmp_path / "own_report.json").read_text())
+    assert report["relations"]["too_few_sentences"] == {"P9": 0}
+
+
+def test_score_output_folder_that_cannot_be_written(models, capsys, tmp_path):
+    data = tmp_path / "own.json"
+    data.write_text("{}")
+    err = _one_error(capsys, lambda: score.main(
+        ["--data", str(data), "--models", str(models[0]), "--out", "/proc/x/own",
+         "--params", str(models[1])]))
+    assert "cannot be written" in err
