@@ -65,8 +65,7 @@ from model.scoring import (
 from pipeline import report
 from pipeline.config import field, load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
-from pipeline.io import atomic_path, file_digest, read_parquet
-from pipeline.schemas import FEWSHOT_SCHEMA
+from pipeline.io import atomic_paths, file_digest, read_fewshot, remove_stale_temporaries
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +113,9 @@ class EvalConfig:
     nota_episodes: int = field(ge=1)
 
     def __post_init__(self) -> None:
+        if not self.settings:
+            raise ValueError("evaluate.settings is empty; list at least one setting, e.g. "
+                             "[5w1s, 5w5s]")
         for s in (*self.settings, *self.nota_settings):
             Setting.parse(s)
         if not self.methods:
@@ -133,8 +135,10 @@ def nota_key(setting: str, rate: float) -> str:
 
 
 def check_trained_on(payload: dict[str, Any], split_dir: Path, digests: dict[str, Any],
-                     path: Path) -> None:
-    """Refuse a model whose stored split digests are not those of ``split_dir``."""
+                     path: Path, test_relations: list[str]) -> None:
+    """Refuse a model whose stored split digests are not those of ``split_dir``, or whose
+    training or validation relations are among the split's test relations (a test file
+    from another split: the digests cover the train and val files only)."""
     inputs = (payload.get("params") or {}).get("inputs") or {}
     for part, digest in digests.items():
         if part not in inputs:
@@ -145,6 +149,14 @@ def check_trained_on(payload: dict[str, Any], split_dir: Path, digests: dict[str
                 f"{path} was trained on another split than {split_dir} (its {part}.parquet "
                 f"differs); retrain it on {split_dir.name} (dvc repro train) or pass the "
                 "--splits and --models folders that belong together")
+    seen = payload.get("relations") or {}
+    overlap = sorted(set(test_relations) & {str(r) for part in ("train", "val")
+                                            for r in seen.get(part) or ()})
+    if overlap:
+        raise PipelineError(
+            f"{split_dir / 'test.parquet'} holds relations {overlap} that {path} was trained "
+            f"or validated on, so it is not {split_dir.name}'s test file; rebuild the splits "
+            "(dvc repro) or pass the --splits folder the models were trained on")
 
 
 def cell(scores: EpisodeScores, bins: int) -> dict[str, Any]:
@@ -172,7 +184,7 @@ class SplitEpisodes:
 
     def __init__(self, split_dir: Path, cfg: EvalConfig, split_index: int) -> None:
         self.cfg, self.index = cfg, split_index
-        test = read_parquet(split_dir / "test.parquet", FEWSHOT_SCHEMA)
+        test = read_fewshot(split_dir / "test.parquet")
         self.n_test = test.num_rows
         self.test = EpisodeSampler(test.column("relation").to_pylist(),
                                    f"{split_dir.name} test split")
@@ -191,7 +203,7 @@ class SplitEpisodes:
         if not (split_dir / "val.parquet").is_file():
             raise PipelineError(f"{split_dir} has no val.parquet to choose NOTA thresholds on; "
                                 "rerun the split stage or set evaluate.nota_rates to []")
-        val = read_parquet(split_dir / "val.parquet", FEWSHOT_SCHEMA)
+        val = read_fewshot(split_dir / "val.parquet")
         self.val = EpisodeSampler(val.column("relation").to_pylist(),
                                   f"{split_dir.name} validation split")
         self.table = pa.concat_tables([test, val])  # val rows follow the test rows
@@ -303,7 +315,7 @@ def evaluate_split(split_dir: Path, models_dir: Path, cfg: EvalConfig, device: s
         for path, names in by_path.items():  # one model in memory at a time
             model, payload = load_model(path, device)
             if check_split:
-                check_trained_on(payload, split_dir, digests, path)
+                check_trained_on(payload, split_dir, digests, path, eps.test.relations)
             model.eval()
             encoder_cfg = model.encoder.config
             key = (encoder_cfg.name, encoder_cfg.markers, encoder_cfg.max_length)
@@ -351,13 +363,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_section(EvalConfig, "evaluate", args.params)
     set_threads(cfg.threads)
-    device = select_device(cfg.device)
+    device = select_device(cfg.device, "params.yaml evaluate.device")
     if not args.splits.is_dir():
         raise PipelineError(f"{args.splits} is not a folder; run the split stage first")
     names = cfg.splits or tuple(sorted(p.name for p in args.splits.glob("split_*")
                                        if (args.models / p.name).is_dir()))
     if not names:
         raise PipelineError(f"no split in {args.splits} has models in {args.models}; train first")
+    outputs = [args.metrics,
+               args.report or args.metrics.with_name(args.metrics.stem + "_report.json"),
+               args.table or args.metrics.with_suffix(".md"), args.plot,
+               args.reliability or args.plot.with_name(args.plot.stem + "_reliability.png"),
+               args.selective or args.plot.with_name(args.plot.stem + "_selective.csv")]
+    for path in outputs:  # what a kill during the last write left, as train removes its own
+        remove_stale_temporaries(path.parent, [path.name])
     t0 = time.perf_counter()
     cache = LowerCache()
     per_split, nota = {}, {}
@@ -371,21 +390,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary = report.summarise(per_split, nota)
     metrics = report.headline_metrics(summary, args.benchmark, tuple(cfg.methods))
     settings = list(cfg.settings)
-    report.write_json_ordered(metrics, args.metrics)
-    report.write_json_ordered(summary, args.report or args.metrics.with_name(
-        args.metrics.stem + "_report.json"))
     note = (f"Test relations of {len(names)} split(s), {cfg.episodes} episodes per setting "
             f"and split, {cfg.queries} queries per way. `floor`: frozen pre-trained encoder, "
             "entity-mean pooling, cosine similarity to the renormalised mean of the unit "
             "support encodings (no training); its ECE reflects an arbitrary temperature of 1 "
             "and is no calibration claim, its AURC (a ranking measure) is comparable.")
-    with atomic_path(args.table or args.metrics.with_suffix(".md")) as tmp:
-        tmp.write_text(report.markdown_report(summary, settings, note))
-    report.plot_accuracy(summary, settings, args.plot, args.benchmark)
-    report.plot_reliability(summary, list(cfg.methods), settings, args.reliability or
-                            args.plot.with_name(args.plot.stem + "_reliability.png"))
-    report.write_selective_csv(summary, args.selective or
-                               args.plot.with_name(args.plot.stem + "_selective.csv"))
+    # All outputs are renamed into place together at the end: a failed write (disk full)
+    # leaves the previous metrics, tables and plots, never new metrics beside old plots.
+    with atomic_paths(*outputs) as (metrics_tmp, report_tmp, table_tmp, plot_tmp,
+                                    reliability_tmp, selective_tmp):
+        report.write_json_ordered(metrics, metrics_tmp)
+        report.write_json_ordered(summary, report_tmp)
+        table_tmp.write_text(report.markdown_report(summary, settings, note))
+        report.plot_accuracy(summary, settings, plot_tmp, args.benchmark)
+        report.plot_reliability(summary, list(cfg.methods), settings, reliability_tmp)
+        report.write_selective_csv(summary, selective_tmp)
     log.info("evaluate done in %.0f s", time.perf_counter() - t0)
     return metrics
 

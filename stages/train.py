@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.relations is not None:
         params["inputs"]["relations"] = file_digest(args.relations)
     set_threads(cfg.threads)
-    device = select_device(cfg.device)
+    device = select_device(cfg.device, "params.yaml train.device")
     graph = (load_graph(args.graph, args.features, args.relations)
              if "regrab" in cfg.methods else None)
     # summary.json is written atomically too: a kill during that write leaves its temporary.
@@ -165,6 +165,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summaries = []
     t0 = time.perf_counter()
     settings = [Setting.parse(s) for s in cfg.per_setting] or [None]
+    if not any(s is None or s.shots > 0 or m == "regrab" for m in cfg.methods for s in settings):
+        raise PipelineError(
+            f"nothing to train: train.per_setting {list(cfg.per_setting)} is zero-shot only, "
+            f"and none of train.methods {list(cfg.methods)} has zero-shot models; add a "
+            "setting with shots (e.g. 5w1s) or a zero-shot method (regrab)")
     for si, split_dir in enumerate(split_dirs(args.splits, cfg.splits)):
         for method in cfg.methods:
             for j, setting in enumerate(settings):

@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     params = load_section(TrainTransEParams, "train_transe", args.params)
     cfg = params.model
-    device = select_device(params.device)
+    device = select_device(params.device, "params.yaml train_transe.device")
     set_threads(params.threads)
 
     data = encode_triples(read_parquet(args.triples, TRIPLES_SCHEMA))
