@@ -34,7 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from model.checkpoint import METHODS, MODEL_FILE, model_file, read_payload
+from model import registry
+from model.checkpoint import MODEL_FILE, model_file, read_payload
 from model.encoder_cache import LowerCache
 from model.episodes import Setting
 from pipeline import report
@@ -105,10 +106,10 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     outputs = [args.out.with_name(args.out.name + end) for end in (".json", "_report.json",
                                                                     ".md")]
     check_writable(outputs[0])  # before the scoring, not after it
-    methods = [m for m in (args.methods or ",".join(METHODS)).split(",") if m]
-    unknown = sorted(set(methods) - set(METHODS))
+    methods = [m for m in (args.methods or ",".join(registry.names())).split(",") if m]
+    unknown = sorted(set(methods) - set(registry.names()))
     if unknown:
-        raise PipelineError(f"--methods has {unknown}; use some of {list(METHODS)}")
+        raise PipelineError(f"--methods has {unknown}; use some of {list(registry.names())}")
     found = checkpoints(args.models, methods)
     everywhere = [m for m in methods if all(m in paths for paths in found.values())]
     if args.methods and everywhere != methods:

@@ -1,11 +1,14 @@
 """REGRAB model components, one per file.
 
 Rooms: ``encoder`` (sentence encoder with entity markers) and ``encoder_cache`` (CPU caching
-of its frozen layers), ``graph_prior`` (GCN prior, paper Eq. 5-6), ``langevin`` (the posterior
-target and the SGLD sampler, Eq. 9-10), ``regrab`` (the REGRAB head and the MC predictive,
-Eq. 11), ``baselines`` (proto, mtb), ``episodes`` (N-way K-shot sampling and scoring),
-``transe`` (relation embeddings), ``config`` (params -> configs) and ``checkpoint`` (every
-saved model, REGRAB and TransE alike).
+of its frozen layers), ``graph_prior`` (GCN prior, paper Eq. 5-6, and the relation labels it
+reads), ``langevin`` (the posterior target and the SGLD sampler, Eq. 9-10), ``regrab`` (the
+REGRAB head and the MC predictive, Eq. 11), ``baselines`` (proto, mtb), ``registry`` (every
+method by name and the interface their heads share), ``episodes`` (N-way K-shot sampling and
+scoring), ``transe`` (relation embeddings), ``train_config`` / ``trainer`` / ``train_state``
+(the ``train`` params, the training loop, resume and reuse), ``checkpoint`` (method configs
+and every saved model, REGRAB and TransE alike), ``tensor_file`` (the safetensors + JSON file
+format they share) and ``model_folder`` (a trained model exported with its model card).
 
 Shape letters, used by every docstring and shape comment in the project:
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from model.langevin import similarity_logits
+from model.registry import Method
 from pipeline.errors import PipelineError
 
 
@@ -25,6 +26,7 @@ class PrototypeHead(nn.Module):
     """Prototype = mean support encoding; softmax over ``sim / T``."""
 
     prior = None
+    couples_ways = False
 
     def __init__(self, similarity: str, temperature: float) -> None:
         super().__init__()
@@ -34,7 +36,13 @@ class PrototypeHead(nn.Module):
     def prior_states(self) -> None:
         return None
 
-    def prior_means(self, states: None, rows: torch.Tensor) -> None:
+    def prior_means(self, states: None, rows: torch.Tensor, text: None = None) -> None:
+        return None
+
+    def evidence(self, x: torch.Tensor, h: None) -> None:
+        return None
+
+    def fit_heldout(self, groups: list[torch.Tensor], h: torch.Tensor) -> None:
         return None
 
     def sample_logits(
@@ -68,3 +76,15 @@ class PrototypeHead(nn.Module):
         """
         logits = self.sample_logits(support, query)[:, 0]  # (B, Q, N)
         return torch.log_softmax(logits, dim=-1)
+
+
+def _prototypes(config, graph, dim: int) -> PrototypeHead:
+    return PrototypeHead(config.langevin.similarity, config.langevin.temperature)
+
+
+METHODS = (
+    Method("mtb", _prototypes, "support-mean prototypes, dot product (Baldini Soares et al.)",
+           similarity="dot"),
+    Method("proto", _prototypes, "support-mean prototypes, Euclidean (Snell et al.)",
+           similarity="euclidean"),
+)

@@ -14,17 +14,16 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from torch import nn
 
-from model import model_folder, tensor_file
-from model.baselines import PrototypeHead
+from model import model_folder, registry, tensor_file
 from model.encoder import EncoderConfig, SentenceEncoder
-from model.graph_prior import GraphPrior, GraphPriorConfig, RelationGraph
+from model.graph_prior import GraphPriorConfig, RelationGraph
 from model.langevin import LangevinConfig
-from model.regrab import FewShotModel, RegrabHead
+from model.registry import Head
+from model.regrab import FewShotModel
 from model.transe import TransE, TransEConfig
 from pipeline.config import parse_section
 from pipeline.errors import PipelineError
@@ -44,10 +43,6 @@ LEGACY_FILES = ("model.pt", "state.pt")
 #: Format tags of those pickles, which ``regrab-models convert`` accepts.
 LEGACY_FORMATS = {"regrab-model-2": MODEL_FORMAT, 1: TRANSE_FORMAT}
 
-METHODS = ("regrab", "regrab_no_prior", "mtb", "proto")
-Method = Literal["regrab", "regrab_no_prior", "mtb", "proto"]
-
-
 @dataclass(frozen=True)
 class ModelParams:
     """``params.yaml`` section ``model``: one subsection per component."""
@@ -61,14 +56,17 @@ class ModelParams:
 class RegrabConfig:
     """Everything needed to rebuild a model: the method plus its component configs."""
 
-    method: Method
+    method: str
     encoder: EncoderConfig
     prior: GraphPriorConfig
     langevin: LangevinConfig
 
+    def __post_init__(self) -> None:
+        registry.check([self.method], "model config")
+
     @property
     def uses_graph(self) -> bool:
-        return self.method == "regrab"
+        return registry.get(self.method).uses_graph
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -81,33 +79,21 @@ class RegrabConfig:
 def config_for_method(params: ModelParams | dict[str, Any], method: str) -> RegrabConfig:
     """The config of ``method`` from the ``model`` section (a dict is validated first).
 
-    Proto is Euclidean prototypes (Snell et al.), MTB dot-product prototypes (Baldini Soares
-    et al.); both take the rest (temperature, encoder) from the same section.
+    A method may fix the similarity (proto: Euclidean, mtb: dot product); everything else
+    (temperature, encoder) comes from the same section.
     """
     if not isinstance(params, ModelParams):
         params = parse_section(ModelParams, params, "model")
+    spec = registry.get(method)
     langevin = params.langevin
-    if method == "proto":
-        langevin = dataclasses.replace(langevin, similarity="euclidean")
-    elif method == "mtb":
-        langevin = dataclasses.replace(langevin, similarity="dot")
-    return parse_section(
-        RegrabConfig,
-        {"method": method, "encoder": dataclasses.asdict(params.encoder),
-         "prior": dataclasses.asdict(params.prior), "langevin": dataclasses.asdict(langevin)},
-        "model",
-    )
+    if spec.similarity is not None:
+        langevin = dataclasses.replace(langevin, similarity=spec.similarity)
+    return RegrabConfig(method, params.encoder, params.prior, langevin)
 
 
-def build_head(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> nn.Module:
-    """The head for ``config.method`` (the graph is needed by ``regrab`` only)."""
-    if config.method in ("mtb", "proto"):
-        return PrototypeHead(config.langevin.similarity, config.langevin.temperature)
-    if config.method == "regrab_no_prior":
-        return RegrabHead(config.langevin, None, dim)
-    if graph is None:
-        raise PipelineError("method regrab needs the relation graph; pass --graph and --features")
-    return RegrabHead(config.langevin, GraphPrior(config.prior, graph, dim), dim)
+def build_head(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> Head:
+    """The head of ``config.method`` (the registry's builder)."""
+    return registry.get(config.method).build(config, graph, dim)
 
 
 def build_model(config: RegrabConfig, graph: RelationGraph | None) -> FewShotModel:

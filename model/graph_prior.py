@@ -14,10 +14,11 @@ with e_r that sentence's encoding and g a learned gain. The term lives in the en
 by construction, so it predicts an unseen relation's prototype from its name alone, which a
 map from TransE fitted on a handful of training relations cannot (the empirical-Bayes lambda
 of :mod:`model.langevin` measures how well it predicts). The training stage starts the
-graph term at the mean training encoding (:func:`model.trainer.init_text_prior`). The
-encodings come from the trainer (with gradients, so the encoder learns to place sentences
-near their relation's label) and are kept in a buffer, saved with the model, for evaluation
-and prediction.
+graph term at the mean training encoding (:meth:`GraphPrior.start_at`). The prior owns the
+labels' whole life (:class:`LabelText`): their template sentences, their encodings with
+gradients during training (so the encoder learns to place sentences near their relation's
+label), and the buffer they are refreshed into at every validation, which is saved with the
+model for evaluation and prediction.
 
 Relations of a split that are missing from the graph get one shared, learned fallback vector
 (the authors' code silently gave them a zero prior); how many there are is logged.
@@ -39,6 +40,8 @@ from torch import nn
 from torch_geometric.nn import GCNConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
+from model.encoder import SentenceEncoder, TokenizedSet
+from model.encoder_cache import LowerCache, encode_all, encode_rows
 from pipeline.config import field
 from pipeline.errors import PipelineError
 from pipeline.schemas import FEWSHOT_SCHEMA
@@ -84,6 +87,53 @@ def label_sentence(relation: str, label: str) -> dict:
     return {"instance_id": f"label-{relation}", "relation": relation, "relation_name": label,
             "tokens": words, "head_start": 0, "head_end": 1, "tail_start": len(words) - 1,
             "tail_end": len(words), "head_id": None, "tail_id": None}
+
+
+@dataclass
+class LabelText:
+    """The relation labels of a prior with ``text: true``, as the encoder reads them.
+
+    Made by :meth:`GraphPrior.read_labels`; the trainer calls :meth:`refresh` before each
+    validation and :meth:`encodings` in each step.
+
+    Attributes:
+        prior: the prior whose labels these are.
+        tokens: one tokenized template sentence per labelled relation.
+        rows: the graph row of each sentence.
+        sentence_of: per graph row, its sentence (-1: no label).
+        cache: the frozen-layer cache of the encoder (None when every layer trains).
+        batch_size: sentences per encoder batch.
+    """
+
+    prior: GraphPrior
+    tokens: TokenizedSet
+    rows: list[int]
+    sentence_of: torch.Tensor  # (R,)
+    cache: LowerCache | None
+    batch_size: int
+
+    def refresh(self, encoder: SentenceEncoder) -> None:
+        """Re-encode every label with the encoder as it is now, into the prior's buffer."""
+        self.prior.set_text(self.rows, encode_all(encoder, self.tokens, self.cache,
+                                                  self.batch_size))
+
+    def encodings(self, encoder: SentenceEncoder, rows: torch.Tensor) -> torch.Tensor | None:
+        """The label encodings of graph ``rows`` with gradients, NaN where there is no label
+        (None when no row has one).
+
+        Shapes:
+            rows: (B, N) -> (B, N, D)
+        """
+        idx = torch.where(rows >= 0, self.sentence_of[rows.clamp(min=0).cpu()].to(rows.device),
+                          -1)
+        present = idx >= 0
+        if not bool(present.any()):
+            return None
+        enc = encode_rows(encoder, self.tokens, idx[present].cpu().numpy(), self.cache,
+                          batch_size=max(int(present.sum()), 1))
+        out = torch.full((*rows.shape, enc.shape[-1]), float("nan"), device=enc.device,
+                         dtype=enc.dtype)
+        return out.index_put((present,), enc)
 
 
 @dataclass
@@ -217,6 +267,33 @@ class GraphPrior(nn.Module):
             [label_sentence(self.relations[i], self.labels[i]) for i in rows],
             schema=FEWSHOT_SCHEMA)
         return rows, table
+
+    def read_labels(self, encoder: SentenceEncoder, cache: LowerCache | None,
+                    batch_size: int) -> LabelText:
+        """Tokenize the labels for ``encoder`` (filling its frozen-layer ``cache``) and encode
+        them into the buffer once."""
+        rows, table = self.label_rows()
+        tokens = encoder.tokenize(table)
+        if cache is not None:
+            cache.states(encoder, tokens, np.arange(len(rows)), batch_size)
+        sentence_of = torch.full((len(self.relations),), -1, dtype=torch.long)
+        sentence_of[torch.as_tensor(rows)] = torch.arange(len(rows))
+        text = LabelText(self, tokens, rows, sentence_of, cache, batch_size)
+        text.refresh(encoder)
+        return text
+
+    @torch.no_grad()
+    def start_at(self, mean: torch.Tensor) -> None:
+        """Start the graph term at ``mean`` (the mean training encoding), the label term's
+        gain at 1, by setting the last GCN layer's bias.
+
+        (A gain fitted by least squares on the training relations' mean encodings did worse
+        on the tuning relations: README, Findings.)
+
+        Shapes:
+            mean: (D,)
+        """
+        self.convs[-1].bias.copy_(mean / self.scale)
 
     @torch.no_grad()
     def set_text(self, rows: list[int], encodings: torch.Tensor) -> None:

@@ -396,10 +396,10 @@ class Predictor:
         """Shots used per way and a sentence saying how unequal K is handled."""
         if len(set(shots)) == 1:
             return shots, f"equal K={shots[0]}: one episode, as evaluate runs it"
-        likelihood = getattr(getattr(self.model.head, "config", None), "likelihood", None)
-        if likelihood in (None, "gaussian"):  # prototype heads, or a factorised posterior
+        if not self.model.head.couples_ways:  # prototype heads, or a factorised posterior
             return shots, ("unequal K: ways run in groups of equal K (exact: each way's "
                            "prototype depends on its own support only)")
+        likelihood = self.model.config.langevin.likelihood
         if 0 in shots:
             raise PipelineError(
                 f"this checkpoint's {likelihood} likelihood couples the ways, so zero-shot "

@@ -25,7 +25,14 @@ from torch import nn
 
 from model.encoder import SentenceEncoder
 from model.graph_prior import GraphPrior
-from model.langevin import LangevinConfig, LangevinSampler, log_evidence, similarity_logits
+from model.langevin import (
+    LangevinConfig,
+    LangevinSampler,
+    heldout_scales,
+    log_evidence,
+    similarity_logits,
+)
+from model.registry import Head, Method
 from pipeline.errors import PipelineError
 
 
@@ -51,8 +58,10 @@ class RegrabHead(nn.Module):
         self.config = config
         self.prior = prior
         self.dim = dim
-        self.likelihood = config.likelihood
         self.sampler = LangevinSampler(config)
+        # A softmax likelihood normalises over the ways, so each prototype's posterior
+        # depends on every way's support; the gaussian one factorises per way.
+        self.couples_ways = config.likelihood != "gaussian"
 
     def prior_states(self) -> torch.Tensor | None:
         """GCN output for the whole graph, computed once per step or evaluation.
@@ -102,13 +111,31 @@ class RegrabHead(nn.Module):
         v = self.sampler(support, h, generator)  # (B, S, N, D)
         return similarity_logits(query[:, None], v, cfg.similarity, cfg.temperature)
 
-    def log_evidence(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """Log marginal likelihood of labelled sentences per way (``gaussian`` likelihood).
+    def evidence(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+        """Log marginal likelihood of labelled sentences per way; None unless the likelihood
+        is ``gaussian`` with a proper prior (the closed form needs both).
 
         Shapes:
             x: (B, N, n, D), h: (B, N, D) -> (B, N)
         """
+        if self.couples_ways or self.config.prior_precision <= 0:
+            return None
         return log_evidence(x, h, self.sampler.precision, self.sampler.variance)
+
+    @torch.no_grad()
+    def fit_heldout(self, groups: list[torch.Tensor], h: torch.Tensor
+                    ) -> tuple[float, float] | None:
+        """Set lambda and sigma^2 by empirical Bayes on held-out relations (``scales:
+        heldout`` only); returns them, else None.
+
+        Shapes:
+            groups: one (n_r, D) tensor per relation, h: (R, D)
+        """
+        if self.sampler.mode != "heldout":
+            return None
+        lam, var = heldout_scales([x.double() for x in groups], h.double())
+        self.sampler.set_scales(lam, var)
+        return lam, var
 
     def log_predictive(
         self,
@@ -128,7 +155,7 @@ class RegrabHead(nn.Module):
 class FewShotModel(nn.Module):
     """Encoder + head; the head is REGRAB or a baseline (see :mod:`model.baselines`)."""
 
-    def __init__(self, config: Any, encoder: SentenceEncoder, head: nn.Module) -> None:
+    def __init__(self, config: Any, encoder: SentenceEncoder, head: Head) -> None:
         """``config`` is the :class:`model.checkpoint.RegrabConfig` the model was built from."""
         super().__init__()
         self.config = config
@@ -137,7 +164,7 @@ class FewShotModel(nn.Module):
 
     @property
     def prior(self) -> GraphPrior | None:
-        return getattr(self.head, "prior", None)
+        return self.head.prior
 
     def rows(self, relations: list[str]) -> torch.Tensor:
         """Graph rows of relation ids (all -1 without a graph)."""
@@ -150,3 +177,17 @@ class FewShotModel(nn.Module):
         state = {f"encoder.{k}": v for k, v in self.encoder.trainable_state().items()}
         state.update({f"head.{k}": v for k, v in self.head.state_dict().items()})
         return state
+
+
+def _regrab(config, graph, dim: int) -> RegrabHead:
+    if graph is None:
+        raise PipelineError("method regrab needs the relation graph; pass --graph and --features")
+    return RegrabHead(config.langevin, GraphPrior(config.prior, graph, dim), dim)
+
+
+METHODS = (
+    Method("regrab", _regrab, "prototypes with the graph (and label) prior, Langevin "
+           "posterior samples (ours)", uses_graph=True, zero_shot=True),
+    Method("regrab_no_prior", lambda config, graph, dim: RegrabHead(config.langevin, None, dim),
+           "REGRAB with h_r = 0: the posterior without the graph prior (ablation)"),
+)

@@ -23,104 +23,28 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from model import registry
 from model.checkpoint import (
     MODEL_FILE,
     STATE_FILE,
-    Method,
+    ModelParams,
     build_model,
     config_for_method,
     read_payload,
     save_model,
-    save_payload,
 )
 from model.encoder import TokenizedSet
 from model.encoder_cache import LowerCache, encode_all, encode_rows
 from model.episodes import EpisodeSampler, Setting, episode_accuracy, gather_episodes
-from model.graph_prior import RelationGraph
-from model.langevin import heldout_scales
+from model.graph_prior import LabelText, RelationGraph
 from model.regrab import FewShotModel
-from pipeline.config import field
+from model.train_config import TrainConfig
+from model.train_state import save_state
 from pipeline.errors import PipelineError
 from pipeline.io import read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """``params.yaml`` section ``train`` (read by stages/train.py).
-
-    Attributes:
-        methods: methods to train (regrab, regrab_no_prior, mtb, proto).
-        splits: which split folders to use (empty: every ``split_*`` found).
-        per_setting: the paper's protocol: one model per listed setting (e.g. ``[5w1s,
-            5w5s]``) in ``{method}/{setting}/``, trained on that N and K only (K = 0:
-            regrab only). Empty: one model per method on mixed N and K.
-        steps: optimisation steps (one episode each) per split and method.
-        ways: N drawn uniformly per step (values above the training relations are dropped).
-        shots: K drawn uniformly per step (one model covers every K).
-        zero_shot_rate: probability of a K=0 episode for regrab (trains the prior directly).
-        queries: Q/N queries per way.
-        lr_encoder: AdamW learning rate of the trained encoder layers.
-        lr_head: AdamW learning rate of the head (GCN prior, fallback vector).
-        lr_scales: AdamW learning rate of REGRAB's log lambda and log sigma^2 (no decay).
-        weight_decay: AdamW weight decay.
-        warmup: fraction of steps with linear warm-up, then linear decay to 0.
-        max_grad_norm: gradient clipping.
-        val_every: validate (and keep the best model) every this many steps and at the end.
-        val_episodes: episodes per validation setting (fixed, seeded).
-        val_settings: validation settings on the validation relations.
-        checkpoint_every: write ``state.safetensors`` (resume point) every this many steps.
-        seed: seed of episodes, initialisation, dropout and Langevin noise.
-        device: auto | cpu | cuda.
-        encode_batch: sentences per batch when encoding a whole split.
-        dvclive: log curves with dvclive under ``{out}/split_i/{method}/dvclive``.
-        evidence_weight: weight of REGRAB's empirical-Bayes term, minus the log marginal
-            likelihood of the episode's labelled sentences per dimension (gaussian
-            likelihood only; see :func:`model.langevin.log_evidence`); 0 turns it off.
-        threads: torch intra-op threads (0 = torch default). On our shared 2-core machine
-            two OpenMP threads made every small op wait for a busy core: a cached-encoding
-            step took 0.95 s with 2 threads and 0.06 s with 1 (benchmarks/bench_train.py).
-    """
-
-    methods: tuple[Method, ...]
-    splits: tuple[str, ...]
-    per_setting: tuple[str, ...]
-    steps: int = field(ge=1)
-    ways: tuple[int, ...] = field(ge=2)
-    shots: tuple[int, ...] = field(ge=0)
-    zero_shot_rate: float = field(ge=0, le=1)
-    queries: int = field(ge=1)
-    lr_encoder: float = field(ge=0)
-    lr_head: float = field(ge=0)
-    lr_scales: float = field(ge=0)
-    weight_decay: float = field(ge=0)
-    warmup: float = field(ge=0, le=1)
-    max_grad_norm: float = field(gt=0)
-    val_every: int = field(ge=1)
-    val_episodes: int = field(ge=1)
-    val_settings: tuple[str, ...]
-    checkpoint_every: int = field(ge=1)
-    seed: int
-    device: str
-    encode_batch: int = field(ge=1)
-    dvclive: bool
-    evidence_weight: float = field(ge=0)
-    threads: int = field(ge=0)
-
-    def __post_init__(self) -> None:
-        for s in (*self.val_settings, *self.per_setting):
-            Setting.parse(s)
-        if not self.methods or not self.ways or not self.shots:
-            raise ValueError("train.methods, train.ways and train.shots must not be empty")
-
-    def schedule(self, setting: Setting | None) -> TrainConfig:
-        """The config of one run; with ``setting`` only that N-way K-shot (paper protocol)."""
-        if setting is None:
-            return self
-        return dataclasses.replace(self, ways=(setting.ways,), shots=(setting.shots,),
-                                   zero_shot_rate=1.0 if setting.shots == 0 else 0.0)
 
 
 class TokenCache:
@@ -138,21 +62,6 @@ class TokenCache:
                 raise PipelineError(f"{path} has no sentences; rebuild the splits")
             self._sets[key] = (model.encoder.tokenize(table), table.column("relation").to_pylist())
         return self._sets[key]
-
-
-@dataclass
-class LabelSentences:
-    """The relation labels' template sentences of a prior with ``text: true``.
-
-    Attributes:
-        tokens: one tokenized sentence per labelled relation.
-        rows: the graph row of each sentence.
-        sentence_of: per graph row, its sentence (-1: no label).
-    """
-
-    tokens: TokenizedSet
-    rows: list[int]
-    sentence_of: torch.Tensor  # (R,)
 
 
 @dataclass
@@ -178,7 +87,7 @@ class Run:
     step: int = 0
     best: float = -1.0
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    labels: LabelSentences | None = None
+    labels: LabelText | None = None
 
 
 def lr_lambda(steps: int, warmup: float):
@@ -213,13 +122,13 @@ def make_optimizer(model: FewShotModel, sched: TrainConfig) -> torch.optim.Optim
     return torch.optim.AdamW(groups, weight_decay=sched.weight_decay)
 
 
-def prepare(split_dir: Path, method: str, params: dict[str, Any], sched: TrainConfig,
+def prepare(split_dir: Path, method: str, model_params: ModelParams, sched: TrainConfig,
             graph: RelationGraph | None, device: str, tokens: TokenCache,
             lower_cache: LowerCache, seed: int, seed_key: tuple[int, ...]) -> Run:
     """Build the model, samplers, optimizer and RNGs of a fresh run, checking the split."""
     seeds = np.random.SeedSequence([seed, *seed_key]).generate_state(3)
     torch.manual_seed(int(seeds[0]))
-    model_cfg = config_for_method(params["model"], method)
+    model_cfg = config_for_method(model_params, method)
     model = build_model(model_cfg, graph if model_cfg.uses_graph else None).to(device)
     train_tok, train_rel = tokens.get(model, split_dir / "train.parquet")
     val_tok, val_rel = tokens.get(model, split_dir / "val.parquet")
@@ -233,7 +142,7 @@ def prepare(split_dir: Path, method: str, params: dict[str, Any], sched: TrainCo
         )
     for w in ways:
         train_s.check(w, max(sched.shots), sched.queries)
-    if min(sched.shots) == 0 and method != "regrab":
+    if min(sched.shots) == 0 and not registry.get(method).zero_shot:
         raise PipelineError(f"zero-shot training needs the graph prior; {method} has none")
     for name in sched.val_settings:
         s = Setting.parse(name)
@@ -248,9 +157,10 @@ def prepare(split_dir: Path, method: str, params: dict[str, Any], sched: TrainCo
             cache.states(model.encoder, tok, order, sched.encode_batch, progress=True)
     labels = None
     if model.prior is not None and model.prior.config.text:
-        labels = label_sentences(model, cache, sched.encode_batch)
-        refresh_text(model, labels, cache, sched.encode_batch)
-        init_text_prior(model, encode_all(model.encoder, train_tok, cache, sched.encode_batch))
+        labels = model.prior.read_labels(model.encoder, cache, sched.encode_batch)
+        # The graph term starts at the mean training encoding, the label term's gain at 1.
+        model.prior.start_at(encode_all(model.encoder, train_tok, cache,
+                                        sched.encode_batch).mean(0))
     optimizer = make_optimizer(model, sched)
     return Run(
         model=model, method=method, name=f"{split_dir.name}/{method}", sched=sched,
@@ -264,83 +174,6 @@ def prepare(split_dir: Path, method: str, params: dict[str, Any], sched: TrainCo
     )
 
 
-def label_sentences(model: FewShotModel, cache: LowerCache | None,
-                    batch_size: int) -> LabelSentences:
-    """Tokenize the prior's relation labels (and fill the frozen-layer cache with them)."""
-    rows, table = model.prior.label_rows()
-    tokens = model.encoder.tokenize(table)
-    if cache is not None:
-        cache.states(model.encoder, tokens, np.arange(len(rows)), batch_size)
-    sentence_of = torch.full((len(model.prior.relations),), -1, dtype=torch.long)
-    sentence_of[torch.as_tensor(rows)] = torch.arange(len(rows))
-    return LabelSentences(tokens, rows, sentence_of)
-
-
-@torch.no_grad()
-def init_text_prior(model: FewShotModel, enc: torch.Tensor) -> None:
-    """Start the prior mean at ``mean training encoding + (e_r - mean e)``, not near 0.
-
-    The last GCN layer's bias is set so that the graph term starts at the mean encoding of
-    the training sentences; the label term's gain starts at 1. (A gain fitted by least
-    squares on the training relations' mean encodings did worse on the tuning relations:
-    README, Findings.)
-
-    Shapes:
-        enc: (n, D) encodings of the training sentences
-    """
-    prior = model.prior
-    prior.convs[-1].bias.copy_(enc.mean(0) / prior.scale)
-
-
-def refresh_text(model: FewShotModel, labels: LabelSentences, cache: LowerCache | None,
-                 batch_size: int) -> None:
-    """Re-encode every label with the encoder as it is now, into the prior's buffer."""
-    enc = encode_all(model.encoder, labels.tokens, cache, batch_size)
-    model.prior.set_text(labels.rows, enc)
-
-
-def label_encodings(run: Run, rows: torch.Tensor) -> torch.Tensor | None:
-    """The label encodings of graph ``rows`` with gradients, NaN where there is no label
-    (None when no row has one).
-
-    Shapes:
-        rows: (B, N) -> (B, N, D)
-    """
-    idx = torch.where(rows >= 0, run.labels.sentence_of[rows.clamp(min=0).cpu()].to(rows.device),
-                      -1)
-    present = idx >= 0
-    if not bool(present.any()):
-        return None
-    enc = encode_rows(run.model.encoder, run.labels.tokens, idx[present].cpu().numpy(),
-                      run.cache, batch_size=max(int(present.sum()), 1))
-    out = torch.full((*rows.shape, enc.shape[-1]), float("nan"), device=enc.device,
-                     dtype=enc.dtype)
-    return out.index_put((present,), enc)
-
-
-def resume(run: Run, state_path: Path, params: dict[str, Any]) -> bool:
-    """Continue from ``state.safetensors`` when it was written with the same params."""
-    if not state_path.exists():
-        return False
-    try:
-        state = read_payload(state_path)
-    except PipelineError as exc:
-        log.warning("%s: %s; starting over", run.name, exc)
-        return False
-    if state.get("params") != params:
-        log.warning("%s: state.safetensors was made with other params; starting over", run.name)
-        return False
-    run.model.load_state_dict({**run.model.state_dict(), **state["state"]}, strict=True)
-    run.optimizer.load_state_dict(state["optimizer"])
-    run.scheduler.load_state_dict(state["scheduler"])
-    run.rng.bit_generator.state = state["rng_numpy"]
-    torch.set_rng_state(state["rng_torch"])
-    run.noise.set_state(state["rng_noise"])
-    run.step, run.best, run.history = state["step"], state["best"], state["history"]
-    log.info("%s: resumed at step %d", run.name, run.step)
-    return True
-
-
 def train_step(run: Run) -> tuple[float, int, int]:
     """One episode: sample N and K, encode, loss, backward, optimizer step.
 
@@ -351,7 +184,7 @@ def train_step(run: Run) -> tuple[float, int, int]:
     n = int(run.rng.choice(run.ways))
     shots = [k for k in sched.shots if k > 0] or [0]
     k = int(run.rng.choice(shots))
-    if run.method == "regrab" and sched.zero_shot_rate > 0 and \
+    if registry.get(run.method).zero_shot and sched.zero_shot_rate > 0 and \
             run.rng.random() < sched.zero_shot_rate:
         k = 0
     ep = run.train_s.sample(run.rng, n, k, sched.queries, 1)
@@ -362,19 +195,20 @@ def train_step(run: Run) -> tuple[float, int, int]:
     support, query, labels = gather_episodes(enc, local)
     prior_rows = run.train_rows[torch.from_numpy(ep.relation)]  # (1, N)
     if run.labels is not None:
-        h = run.model.head.prior_means(None, prior_rows, label_encodings(run, prior_rows))
+        h = run.model.head.prior_means(
+            None, prior_rows, run.labels.encodings(run.model.encoder, prior_rows))
     else:
         h = run.model.head.prior_means(None, prior_rows)
     log_p = run.model.head.log_predictive(support, query, h, run.noise)  # (1, Q, N)
     loss = torch.nn.functional.nll_loss(log_p.reshape(-1, n), labels.reshape(-1))
-    head = run.model.head
-    if (sched.evidence_weight > 0 and getattr(head, "likelihood", None) == "gaussian"
-            and head.config.prior_precision > 0):
+    if sched.evidence_weight > 0:
         # Empirical Bayes on every labelled sentence of the episode, per dimension. The
         # encodings are held fixed: this term fits the prior (h, lambda, sigma^2) to the
         # data; pulling the encoder towards tight classes here hurt validation accuracy.
         x = torch.cat([support, query.reshape(1, n, sched.queries, -1)], 2).detach()
-        loss = loss - sched.evidence_weight * head.log_evidence(x, h).mean() / x.shape[-1]
+        evidence = run.model.head.evidence(x, h)
+        if evidence is not None:  # methods without the closed form have no such term
+            loss = loss - sched.evidence_weight * evidence.mean() / x.shape[-1]
     if not torch.isfinite(loss):
         raise FloatingPointError(f"loss is {loss.item()}")
     run.optimizer.zero_grad(set_to_none=True)
@@ -383,23 +217,6 @@ def train_step(run: Run) -> tuple[float, int, int]:
     run.optimizer.step()
     run.scheduler.step()
     return loss.item(), n, k
-
-
-@torch.no_grad()
-def fit_heldout_scales(head: torch.nn.Module, enc: torch.Tensor, sampler: EpisodeSampler,
-                       rows: torch.Tensor) -> tuple[float, float] | None:
-    """Set REGRAB's lambda and sigma^2 by empirical Bayes on the validation relations.
-
-    Only for ``scales: heldout``; returns the new (lambda, sigma^2), else None.
-    """
-    langevin = getattr(head, "sampler", None)
-    if langevin is None or langevin.mode != "heldout":
-        return None
-    h = head.prior_means(head.prior_states(), rows.to(enc.device))  # (R, D)
-    x = [enc[torch.from_numpy(m).to(enc.device)] for m in sampler.members]
-    lam, var = heldout_scales([xr.double() for xr in x], h.double())
-    langevin.set_scales(lam, var)
-    return lam, var
 
 
 def validate(run: Run) -> float:
@@ -412,10 +229,12 @@ def validate(run: Run) -> float:
     model, sched = run.model, run.sched
     model.eval()
     if run.labels is not None:
-        refresh_text(model, run.labels, run.cache, sched.encode_batch)
+        run.labels.refresh(model.encoder)
     enc = encode_all(model.encoder, run.val_tok, run.cache, sched.encode_batch)
     rows = model.rows(run.val_s.relations)
-    fitted = fit_heldout_scales(model.head, enc, run.val_s, rows)
+    h = model.head.prior_means(model.head.prior_states(), rows.to(enc.device))
+    groups = [enc[torch.from_numpy(m).to(enc.device)] for m in run.val_s.members]
+    fitted = model.head.fit_heldout(groups, h) if h is not None else None
     if fitted is not None:
         log.info("%s: heldout lambda %.3g, sigma^2 %.3g", run.name, *fitted)
     accs = []
@@ -434,42 +253,12 @@ def validate(run: Run) -> float:
     return float(np.mean(accs))
 
 
-def save_state(run: Run, path: Path, params: dict[str, Any]) -> None:
-    """The resume point: weights plus optimizer, scheduler and every RNG state."""
-    save_model(path, run.model, {
-        "params": params, "step": run.step, "best": run.best, "history": run.history,
-        "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-        "rng_numpy": run.rng.bit_generator.state, "rng_torch": torch.get_rng_state(),
-        "rng_noise": run.noise.get_state(),
-    })
-
-
-def finish(best_path: Path, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
-    """Mark the best model as done: a rerun with the same params and inputs reuses it."""
-    payload = read_payload(best_path)
-    payload.update({"done": True, "summary": summary, "history": history})
-    save_payload(best_path, payload)
-
-
-def finished_summary(best_path: Path, state_path: Path,
-                     params: dict[str, Any]) -> dict[str, Any] | None:
-    """The summary of a finished model trained with ``params``, else None."""
-    if not best_path.exists() or state_path.exists():
-        return None
-    try:
-        payload = read_payload(best_path)
-    except PipelineError:  # another version's model: train it again
-        return None
-    if payload.get("done") and payload.get("params") == params:
-        return payload["summary"]
-    return None
-
-
 def train(run: Run, out_dir: Path, params: dict[str, Any], live: Any = None,
           on_step: Any = None) -> dict[str, Any]:
     """Train until ``sched.steps``, validating, checkpointing and logging curves.
 
-    ``on_step(step)`` is a test hook (e.g. to simulate a kill).
+    ``params`` is the run's fingerprint (:func:`model.train_config.fingerprint`), saved with
+    every checkpoint. ``on_step(step)`` is a test hook (e.g. to simulate a kill).
     """
     sched = run.sched
     best_path, state_path = out_dir / MODEL_FILE, out_dir / STATE_FILE

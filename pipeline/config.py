@@ -295,7 +295,7 @@ SECTIONS = {
     "train_transe": "stages.train_transe:TrainTransEParams",
     "build_graph": "stages.build_graph:BuildGraphParams",
     "model": "model.checkpoint:ModelParams",
-    "train": "model.trainer:TrainConfig",
+    "train": "model.train_config:TrainConfig",
     "evaluate": "stages.evaluate:EvalConfig",
 }
 

@@ -44,7 +44,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from model.checkpoint import Method, load_model, model_file
+from model import registry
+from model.checkpoint import load_model, model_file
 from model.encoder_cache import LowerCache, encode_all
 from model.episodes import EpisodeSampler, Setting
 from model.floor import CosinePrototypeHead, floor_encoder
@@ -96,7 +97,7 @@ class EvalConfig:
             on (the test NOTA episodes are the setting's ``episodes`` test episodes).
     """
 
-    methods: tuple[Method, ...]
+    methods: tuple[str, ...]
     settings: tuple[str, ...]
     episodes: int = field(ge=1)
     queries: int = field(ge=1)
@@ -120,6 +121,7 @@ class EvalConfig:
             Setting.parse(s)
         if not self.methods:
             raise ValueError("evaluate.methods must name at least one method")
+        registry.check(self.methods, "evaluate.methods")
         for s in self.nota_settings:
             if Setting.parse(s).shots == 0:
                 raise ValueError(f"evaluate.nota_settings has {s}; NOTA needs K >= 1 shots")
@@ -305,7 +307,7 @@ def evaluate_split(split_dir: Path, models_dir: Path, cfg: EvalConfig, device: s
             if not path.exists():
                 path = model_file(models_dir / split_dir.name / method)
             if not path.exists():
-                if s.shots == 0 and method != "regrab":
+                if s.shots == 0 and not registry.get(method).zero_shot:
                     continue
                 raise PipelineError(
                     f"{path} is missing; train {method} on {split_dir.name} (dvc repro train) "

@@ -25,20 +25,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from model.checkpoint import LEGACY_FILES, METHODS, MODEL_FILE, STATE_FILE, ModelParams
+from model import registry
+from model.checkpoint import (
+    LEGACY_FILES,
+    MODEL_FILE,
+    STATE_FILE,
+    ModelParams,
+    config_for_method,
+)
 from model.encoder_cache import LowerCache
 from model.episodes import Setting
 from model.graph_prior import RelationGraph
-from model.trainer import (
-    TokenCache,
-    TrainConfig,
-    finish,
-    finished_summary,
-    prepare,
-    resume,
-    train,
-)
-from pipeline.config import load_params, parse_section, select_device, set_threads
+from model.train_config import TrainConfig, fingerprint
+from model.train_state import finish, finished_summary, resume
+from model.trainer import TokenCache, prepare, train
+from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import file_digest, read_parquet, remove_stale_temporaries, write_json
 from pipeline.schemas import GRAPH_SCHEMA, RELATIONS_SCHEMA
@@ -99,18 +100,18 @@ def dvclive_logger(out_dir: Path, step: int):
     return live
 
 
-def train_one(split_dir: Path, method: str, out_dir: Path, params: dict[str, Any],
-              graph: RelationGraph | None, device: str, tokens: TokenCache,
-              lower_cache: LowerCache, seed_key: tuple[int, ...], on_step=None,
+def train_one(split_dir: Path, method: str, out_dir: Path, model_params: ModelParams,
+              cfg: TrainConfig, inputs: dict[str, str], graph: RelationGraph | None,
+              device: str, tokens: TokenCache, lower_cache: LowerCache,
+              seed_key: tuple[int, ...], on_step=None,
               setting: Setting | None = None) -> dict[str, Any]:
     """Train one method on one split (or reuse the finished model); returns a summary."""
-    cfg = parse_section(TrainConfig, params["train"], "train")
     sched = cfg.schedule(setting)
     # A finished or half-trained model is reused only if its inputs are the same too: the
     # params alone miss a new graph (build_graph.features) or a new split of the relations.
-    params = {**params, "inputs": {**params.get("inputs", {}),
-                                   "train": file_digest(split_dir / "train.parquet"),
-                                   "val": file_digest(split_dir / "val.parquet")}}
+    inputs = {**inputs, "train": file_digest(split_dir / "train.parquet"),
+              "val": file_digest(split_dir / "val.parquet")}
+    params = fingerprint(config_for_method(model_params, method), sched, inputs)
     out_dir.mkdir(parents=True, exist_ok=True)
     # A kill during a checkpoint write leaves its temporary file (atomic_path cannot clean
     # up after SIGKILL); the checkpoint itself is intact, the temporary must not be cached.
@@ -124,7 +125,7 @@ def train_one(split_dir: Path, method: str, out_dir: Path, params: dict[str, Any
     if done is not None:
         log.info("%s/%s: finished model with the same params, skipped", split_dir.name, method)
         return done
-    run = prepare(split_dir, method, params, sched, graph, device, tokens, lower_cache,
+    run = prepare(split_dir, method, model_params, sched, graph, device, tokens, lower_cache,
                   cfg.seed, seed_key)
     resume(run, state_path, params)
     live = dvclive_logger(out_dir, run.step) if sched.dvclive else None
@@ -149,23 +150,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    params = {section: load_params(args.params, section) for section in ("model", "train")}
-    cfg = parse_section(TrainConfig, params["train"], "train")
-    parse_section(ModelParams, params["model"], "model")  # fail before any work
-    params["inputs"] = {"graph": file_digest(args.graph), "features": file_digest(args.features)}
+    cfg = load_section(TrainConfig, "train", args.params)
+    model_params = load_section(ModelParams, "model", args.params)
+    uses_graph = any(registry.get(m).uses_graph for m in cfg.methods)
+    if uses_graph and model_params.prior.text and args.relations is None:
+        # Fail before any work: the label prior reads the relations' labels.
+        raise PipelineError("model.prior.text needs the relations' labels: pass --relations "
+                            "data/wikidata/relations.parquet, or set model.prior.text: false")
+    inputs = {"graph": file_digest(args.graph), "features": file_digest(args.features)}
     if args.relations is not None:
-        params["inputs"]["relations"] = file_digest(args.relations)
+        inputs["relations"] = file_digest(args.relations)
     set_threads(cfg.threads)
     device = select_device(cfg.device, "params.yaml train.device")
-    graph = (load_graph(args.graph, args.features, args.relations)
-             if "regrab" in cfg.methods else None)
+    graph = load_graph(args.graph, args.features, args.relations) if uses_graph else None
     # summary.json is written atomically too: a kill during that write leaves its temporary.
     remove_stale_temporaries(args.out)
     tokens, lower_cache = TokenCache(), LowerCache()
     summaries = []
     t0 = time.perf_counter()
     settings = [Setting.parse(s) for s in cfg.per_setting] or [None]
-    if not any(s is None or s.shots > 0 or m == "regrab" for m in cfg.methods for s in settings):
+    if not any(s is None or s.shots > 0 or registry.get(m).zero_shot
+               for m in cfg.methods for s in settings):
         raise PipelineError(
             f"nothing to train: train.per_setting {list(cfg.per_setting)} is zero-shot only, "
             f"and none of train.methods {list(cfg.methods)} has zero-shot models; add a "
@@ -173,13 +178,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for si, split_dir in enumerate(split_dirs(args.splits, cfg.splits)):
         for method in cfg.methods:
             for j, setting in enumerate(settings):
-                if setting is not None and setting.shots == 0 and method != "regrab":
+                if (setting is not None and setting.shots == 0
+                        and not registry.get(method).zero_shot):
                     continue
                 out = args.out / split_dir.name / method
                 out = out if setting is None else out / setting.name
-                summary = train_one(split_dir, method, out, params, graph, device, tokens,
-                                    lower_cache, (si, METHODS.index(method), j),
-                                    setting=setting)
+                # The method's place in the registry is part of its seed.
+                summary = train_one(split_dir, method, out, model_params, cfg, inputs, graph,
+                                    device, tokens, lower_cache,
+                                    (si, registry.names().index(method), j), setting=setting)
                 log.info("%s", summary)
                 summaries.append(summary)
     write_json({"seconds": round(time.perf_counter() - t0, 1), "models": summaries},

@@ -80,7 +80,10 @@ def test_seeded_runs_repeat_and_skip_when_done(inputs, tmp_path):
     assert not (tmp_path / "a/split_0/regrab/state.safetensors").exists()
     payload = read_payload(tmp_path / "a/split_0/regrab/model.safetensors")
     assert payload["done"] and payload["params"]["train"]["steps"] == 4
-    assert a["models"][0]["best_val_acc"] >= 0
+    # The kept model is the best validation point of the history, and says so.
+    val = [h["val_acc"] for h in payload["history"] if "val_acc" in h]
+    assert len(val) == 2 and a["models"][0]["best_val_acc"] == max(val) == payload["val_acc"]
+    assert payload["step"] == 2 * (val.index(max(val)) + 1)
     again = _run(inputs, tmp_path / "a")  # same params: the finished model is kept
     assert again["models"][0] == a["models"][0]
 
@@ -192,3 +195,21 @@ def test_label_prior_is_saved_and_needs_the_relations_table(inputs, tmp_path):
     train.main(["--splits", str(splits), "--graph", str(graph), "--features",
                 str(features), "--out", str(tmp_path / "off"), "--params", str(off)])
     assert "head.prior.text" not in _weights(tmp_path / "off/split_0/regrab/model.safetensors")
+
+
+def test_settings_that_do_not_change_the_model_do_not_retrain(inputs, tmp_path, caplog):
+    out = tmp_path / "fp"
+    _run(inputs, out, threads=1)
+    model = out / "split_0" / "regrab" / "model.safetensors"
+    before = model.read_bytes()
+    # Threads, respelled floats (a YAML string "2e-4" is the float 2.0e-4), more methods
+    # listed, checkpointing and logging settings: the finished model is reused as it is.
+    with caplog.at_level("INFO"):
+        _run(inputs, out, threads=2, lr_encoder="2e-4", checkpoint_every=3,
+             methods=["regrab", "proto"])
+    assert model.read_bytes() == before
+    assert any("finished model with the same params, skipped" in r.getMessage()
+               and "regrab" in r.getMessage() for r in caplog.records)
+    # A setting that changes what is learned does retrain.
+    _run(inputs, out, lr_encoder=3e-4)
+    assert model.read_bytes() != before

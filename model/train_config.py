@@ -1,0 +1,112 @@
+"""``params.yaml`` section ``train``, and the fingerprint that decides whether to retrain.
+
+A finished model is reused, and a killed run resumed, only when its fingerprint is the same:
+the method's model config, the settings of this section that change what is learned, and
+the digests of the data it learns from. Settings that only say where, how fast or which
+models to train (``threads``, ``methods``, ``splits``, ``checkpoint_every``, ``dvclive``)
+are left out, and the typed values are compared, so ``2e-4`` and ``2.0e-4`` are the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from model import registry
+from model.episodes import Setting
+from pipeline.config import field
+
+#: ``train`` settings that do not change the trained model (left out of the fingerprint).
+NOT_IN_FINGERPRINT = ("methods", "splits", "per_setting", "checkpoint_every", "dvclive",
+                      "threads")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """``params.yaml`` section ``train`` (read by stages/train.py).
+
+    Attributes:
+        methods: methods to train (names of :mod:`model.registry`).
+        splits: which split folders to use (empty: every ``split_*`` found).
+        per_setting: the paper's protocol: one model per listed setting (e.g. ``[5w1s,
+            5w5s]``) in ``{method}/{setting}/``, trained on that N and K only (K = 0:
+            regrab only). Empty: one model per method on mixed N and K.
+        steps: optimisation steps (one episode each) per split and method.
+        ways: N drawn uniformly per step (values above the training relations are dropped).
+        shots: K drawn uniformly per step (one model covers every K).
+        zero_shot_rate: probability of a K=0 episode for regrab (trains the prior directly).
+        queries: Q/N queries per way.
+        lr_encoder: AdamW learning rate of the trained encoder layers.
+        lr_head: AdamW learning rate of the head (GCN prior, fallback vector).
+        lr_scales: AdamW learning rate of REGRAB's log lambda and log sigma^2 (no decay).
+        weight_decay: AdamW weight decay.
+        warmup: fraction of steps with linear warm-up, then linear decay to 0.
+        max_grad_norm: gradient clipping.
+        val_every: validate (and keep the best model) every this many steps and at the end.
+        val_episodes: episodes per validation setting (fixed, seeded).
+        val_settings: validation settings on the validation relations.
+        checkpoint_every: write ``state.safetensors`` (resume point) every this many steps.
+        seed: seed of episodes, initialisation, dropout and Langevin noise.
+        device: auto | cpu | cuda.
+        encode_batch: sentences per batch when encoding a whole split.
+        dvclive: log curves with dvclive under ``{out}/split_i/{method}/dvclive``.
+        evidence_weight: weight of REGRAB's empirical-Bayes term, minus the log marginal
+            likelihood of the episode's labelled sentences per dimension (gaussian
+            likelihood only; see :func:`model.langevin.log_evidence`); 0 turns it off.
+        threads: torch intra-op threads (0 = torch default). On our shared 2-core machine
+            two OpenMP threads made every small op wait for a busy core: a cached-encoding
+            step took 0.95 s with 2 threads and 0.06 s with 1 (benchmarks/bench_train.py).
+    """
+
+    methods: tuple[str, ...]
+    splits: tuple[str, ...]
+    per_setting: tuple[str, ...]
+    steps: int = field(ge=1)
+    ways: tuple[int, ...] = field(ge=2)
+    shots: tuple[int, ...] = field(ge=0)
+    zero_shot_rate: float = field(ge=0, le=1)
+    queries: int = field(ge=1)
+    lr_encoder: float = field(ge=0)
+    lr_head: float = field(ge=0)
+    lr_scales: float = field(ge=0)
+    weight_decay: float = field(ge=0)
+    warmup: float = field(ge=0, le=1)
+    max_grad_norm: float = field(gt=0)
+    val_every: int = field(ge=1)
+    val_episodes: int = field(ge=1)
+    val_settings: tuple[str, ...]
+    checkpoint_every: int = field(ge=1)
+    seed: int
+    device: str
+    encode_batch: int = field(ge=1)
+    dvclive: bool
+    evidence_weight: float = field(ge=0)
+    threads: int = field(ge=0)
+
+    def __post_init__(self) -> None:
+        for s in (*self.val_settings, *self.per_setting):
+            Setting.parse(s)
+        if not self.methods or not self.ways or not self.shots:
+            raise ValueError("train.methods, train.ways and train.shots must not be empty")
+        registry.check(self.methods, "train.methods")
+
+    def schedule(self, setting: Setting | None) -> TrainConfig:
+        """The config of one run; with ``setting`` only that N-way K-shot (paper protocol)."""
+        if setting is None:
+            return self
+        return dataclasses.replace(self, ways=(setting.ways,), shots=(setting.shots,),
+                                   zero_shot_rate=1.0 if setting.shots == 0 else 0.0)
+
+
+def fingerprint(model_config: Any, sched: TrainConfig, inputs: dict[str, str]) -> dict[str, Any]:
+    """What a trained model depends on: compared on resume and before retraining.
+
+    Args:
+        model_config: the method's :class:`model.checkpoint.RegrabConfig`.
+        sched: this run's schedule (:meth:`TrainConfig.schedule`: one setting's N and K
+            under the paper's protocol).
+        inputs: digests of the files it learns from (graph, features, labels, split).
+    """
+    train = {k: v for k, v in dataclasses.asdict(sched).items() if k not in NOT_IN_FINGERPRINT}
+    return {"model": model_config.to_dict(), "train": train, "inputs": dict(sorted(inputs.items()))}

@@ -1,0 +1,110 @@
+"""The method registry: a new method is one module plus one registry line."""
+
+import json
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from model import registry
+from model.checkpoint import load_model
+from model.langevin import similarity_logits
+from model.registry import Head, Method
+from stages import evaluate, train
+from tests.conftest import project_params
+from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits
+
+
+class MedianHead(nn.Module):
+    """A toy method: the prototype is the support's coordinate-wise median, cosine logits
+    with a learned scale. It lives in this test module alone."""
+
+    prior = None
+    couples_ways = False
+
+    def __init__(self, config, graph, dim: int) -> None:
+        super().__init__()
+        self.log_scale = nn.Parameter(torch.tensor(1.0))
+
+    def prior_states(self):
+        return None
+
+    def prior_means(self, states, rows, text=None):
+        return None
+
+    def sample_logits(self, support, query, h=None, generator=None):
+        v = support.median(2).values  # (B, N, D)
+        return similarity_logits(query, v, "cosine", 1.0)[:, None] * self.log_scale.exp()
+
+    def log_predictive(self, support, query, h=None, generator=None):
+        return torch.log_softmax(self.sample_logits(support, query)[:, 0], -1)
+
+    def evidence(self, x, h):
+        return None
+
+    def fit_heldout(self, groups, h):
+        return None
+
+
+@pytest.fixture
+def toy_method():
+    method = registry.register(Method("median_toy", MedianHead, "median prototypes (test)"))
+    yield method
+    registry._REGISTRY.pop("median_toy")
+
+
+def test_a_registered_method_trains_evaluates_and_loads(toy_method, tmp_path):
+    assert isinstance(MedianHead(None, None, 4), Head)
+    enc = tiny_encoder(tmp_path / "bert")
+    splits = toy_splits(tmp_path / "splits")
+    graph, features = toy_graph(tmp_path)
+    params = project_params(**{
+        "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
+                              "normalize": 5.0}},
+        "train": {"methods": ["median_toy", "proto"], "steps": 3, "queries": 2, "ways": [2, 3],
+                  "shots": [1, 2],
+                  "val_every": 3, "val_episodes": 3, "val_settings": ["2w1s"],
+                  "dvclive": False, "device": "cpu"},
+        "evaluate": {"methods": ["median_toy", "proto"], "settings": ["2w1s", "3w2s"],
+                     "episodes": 5, "queries": 2, "device": "cpu", "nota_rates": []},
+    })
+    p = tmp_path / "params.yaml"
+    p.write_text(yaml.safe_dump(params))
+    train.main(["--splits", str(splits), "--graph", str(graph), "--features", str(features),
+                "--relations", str(labels_of(graph)), "--out", str(tmp_path / "models"),
+                "--params", str(p)])
+    path = tmp_path / "models" / "split_0" / "median_toy" / "model.safetensors"
+    model, _ = load_model(path)
+    assert isinstance(model.head, MedianHead) and model.config.method == "median_toy"
+    before = float(MedianHead(None, None, 4).log_scale)
+    assert float(model.head.log_scale) != before  # its parameter trained
+    metrics = evaluate.main([
+        "--splits", str(splits), "--models", str(tmp_path / "models"),
+        "--metrics", str(tmp_path / "m.json"), "--plot", str(tmp_path / "p.png"),
+        "--params", str(p)])
+    assert set(metrics["nyt25"]) >= {"median_toy", "proto"}
+    assert "median_toy_minus_regrab" not in json.dumps(metrics)  # no regrab here to pair with
+    assert 0 <= metrics["nyt25"]["median_toy"]["2w1s"] <= 100
+
+
+def test_unknown_methods_are_refused_everywhere():
+    from model.train_config import TrainConfig
+    from pipeline.config import parse_section
+    from pipeline.errors import PipelineError
+
+    raw = project_params()["train"]
+    with pytest.raises(PipelineError, match=r"train.methods has unknown method\(s\) \['nope'\]"):
+        parse_section(TrainConfig, {**raw, "methods": ["proto", "nope"]}, "train")
+    with pytest.raises(PipelineError, match="unknown method 'nope'; use one of regrab"):
+        registry.get("nope")
+
+
+def test_registry_order_is_the_seed_order():
+    """Seeds depend on a method's position: the first four keep their places."""
+    assert registry.names()[:4] == ("regrab", "regrab_no_prior", "mtb", "proto")
+
+
+def test_a_name_cannot_be_taken_twice(toy_method):
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.register(Method("median_toy", MedianHead, "another"))
