@@ -1,12 +1,13 @@
-# The README's two commands: `make repro` (the pipeline) and `make test` (the tests).
-# Both create .venv when missing and install the pinned project into it.
+# The README's two commands: `make repro` (the pipeline) and `make test` (the fast tests);
+# `make test-slow` runs the rest (real servers, subprocess pipelines), as CI does.
+# All create .venv when missing and install the pinned project into it.
 
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: repro test lint clean-venv prefect-server prefect-serve prefect-run prefect-stop \
+.PHONY: repro test test-slow lint clean-venv prefect-server prefect-serve prefect-run prefect-stop \
 	encoder-mpnet
 
 $(STAMP): pyproject.toml constraints.txt
@@ -22,7 +23,10 @@ repro: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow and not integration"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m "slow or integration"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

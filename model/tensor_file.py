@@ -37,8 +37,11 @@ FORMAT_KEY = "format"
 TREE_KEY = "tree"
 #: The deepest tree accepted (a header nested deeper is hostile or corrupt, not a model).
 MAX_DEPTH = 64
-#: Leading bytes of torch's two pickle-based formats: a zip archive and a raw pickle.
-PICKLE_MAGIC = (b"PK\x03\x04", b"\x80")
+#: Leading bytes of torch's two pickle-based formats: a zip archive, and a raw pickle
+#: (PROTO opcode and protocol 2-5).
+PICKLE_MAGIC = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+#: The largest header safetensors itself accepts.
+MAX_HEADER = 100_000_000
 
 
 def pack(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -131,9 +134,19 @@ def save_tensors(path: str | os.PathLike[str], tensors: dict[str, torch.Tensor])
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
 
 
+def looks_like_safetensors(head: bytes) -> bool:
+    """Whether the first 9 bytes are a safetensors frame: a sane header size, then ``{``."""
+    return (len(head) >= 9 and head[8:9] == b"{"
+            and 0 < int.from_bytes(head[:8], "little") <= MAX_HEADER)
+
+
 def refuse_pickle(path: Path, head: bytes) -> None:
-    """Raise the one-line refusal for a file in torch's pickle formats."""
-    if head.startswith(PICKLE_MAGIC):
+    """Raise the one-line refusal for a file in torch's pickle formats.
+
+    A safetensors header size can begin with the same byte as a pickle (0x80), so a file
+    framed as safetensors is never taken for one.
+    """
+    if not looks_like_safetensors(head) and head.startswith(PICKLE_MAGIC):
         raise PipelineError(
             f"checkpoint {path} is in the old pickle format, which can run code when it is "
             f"loaded, so it is refused; if you trust where it came from, convert it with "
@@ -159,7 +172,7 @@ def load(path: str | os.PathLike[str], fmt: str | tuple[str, ...], what: str = "
     if not path.is_file():
         raise PipelineError(f"{what} {path} not found; {fix}")
     with path.open("rb") as fh:
-        head = fh.read(8)
+        head = fh.read(9)
     refuse_pickle(path, head)
     fmts = (fmt,) if isinstance(fmt, str) else fmt
     try:
@@ -193,7 +206,7 @@ def load_tensors(path: str | os.PathLike[str], what: str, fix: str) -> dict[str,
     if not path.is_file():
         raise PipelineError(f"{what} {path} not found; {fix}")
     with path.open("rb") as fh:
-        refuse_pickle(path, fh.read(8))
+        refuse_pickle(path, fh.read(9))
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError, MemoryError) as exc:

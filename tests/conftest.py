@@ -57,3 +57,14 @@ def model_config(method: str = "regrab", **overrides):
     from model.checkpoint import config_for_method
 
     return config_for_method(merged(project_params()["model"], overrides), method)
+
+
+#: Fixtures that start a real server: the tests using them are marked ``integration``.
+SERVER_FIXTURES = ("prefect_server", "stack_env")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that starts a Prefect server ``integration`` (``make test-slow``)."""
+    for item in items:
+        if any(f in getattr(item, "fixturenames", ()) for f in SERVER_FIXTURES):
+            item.add_marker(pytest.mark.integration)

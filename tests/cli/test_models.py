@@ -157,6 +157,7 @@ def _run(cmd: list[str], cwd: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_dvc_push_then_pull_into_fresh_clone_predicts_without_training(tmp_path):
     """Train in one clone, `dvc push` to a folder remote, `dvc pull` in a fresh clone."""
     dvc = [sys.executable, "-m", "dvc"]

@@ -161,6 +161,7 @@ def cli(repo: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -180,6 +181,7 @@ def test_cli_errors_come_first_as_one_line(tiny_repo: Path, args: list[str], mes
     assert message in lines[0]
 
 
+@pytest.mark.slow
 def test_cli_errors_for_a_folder_that_is_no_project(tiny_repo: Path, tmp_path: Path):
     done = cli(tmp_path)
     assert done.returncode == 2 and done.stdout == ""

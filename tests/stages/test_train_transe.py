@@ -382,6 +382,7 @@ def random_graph_triples(entities: int = 3000, relations: int = 30, triples: int
     return [(f"Q{a}", f"P{b}", f"Q{c}") for a, b, c in zip(h, r, t, strict=True)]
 
 
+@pytest.mark.slow
 def test_fresh_processes_give_identical_embeddings_with_one_or_two_threads(tmp_path):
     """Bit-identical on one machine type: two fresh processes with 2 threads, and 1 thread.
 
