@@ -87,3 +87,11 @@ def toy_graph(folder: Path, relations: list[str] | None = None, dim: int = 8) ->
 def labels_of(graph: Path) -> Path:
     """The relations table :func:`toy_graph` wrote next to ``graph``."""
     return Path(graph).parent / "relations.parquet"
+
+
+def toy_project(root: Path, n_splits: int = 1) -> tuple[Path, Path, Path, Path]:
+    """Everything ``train`` reads, under ``root``: (encoder, splits, graph, features)."""
+    enc = tiny_encoder(root / "bert")
+    splits = toy_splits(root / "splits", n_splits=n_splits)
+    graph, features = toy_graph(root)
+    return enc, splits, graph, features

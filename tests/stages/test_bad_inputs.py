@@ -16,7 +16,7 @@ from pipeline.overrides import resolve
 from pipeline.schemas import FEWSHOT_SCHEMA
 from stages import evaluate, split_nyt, train
 from tests.conftest import fewrel_record, project_params
-from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits, toy_table
+from tests.model.tiny_regrab import labels_of, toy_project, toy_table
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = {"methods": ["proto"], "steps": 2, "ways": [2], "shots": [1], "queries": 2,
@@ -55,9 +55,7 @@ def hidden(folder: Path) -> list[str]:
 def project(tmp_path_factory):
     """Toy splits, graph and params, one trained proto model, and its evaluation."""
     root = tmp_path_factory.mktemp("bad_stages")
-    enc = tiny_encoder(root / "bert")
-    splits = toy_splits(root / "splits")
-    graph, features = toy_graph(root)
+    enc, splits, graph, features = toy_project(root)
     params = project_params(model={"encoder": {"name": str(enc), "train_layers": 1}},
                             train=TRAIN, evaluate=EVALUATE)
     p = root / "params.yaml"
