@@ -71,8 +71,19 @@ def load_params(path: str | os.PathLike[str] = "params.yaml", section: str | Non
 
 
 def load_section(cls: type[T], section: str, path: str | os.PathLike[str] = "params.yaml") -> T:
-    """Read ``section`` of a params file and validate it into ``cls``."""
-    return parse_section(cls, load_params(path, section), section)
+    """Read ``section`` of a params file and validate it into ``cls``.
+
+    The file's top-level sections are checked too: one that no stage reads (a misspelt
+    ``evalute:``) is refused here, when a stage starts, not silently ignored.
+    """
+    params = load_params(path)
+    unknown = sorted(set(params) - set(SECTIONS))
+    if unknown:
+        raise PipelineError(f"{path} has unknown section(s) {unknown}; the sections are "
+                            f"{sorted(SECTIONS)}")
+    if section not in params:
+        raise PipelineError(f"{path} has no section '{section}'; add it (see the README)")
+    return parse_section(cls, params[section], section)
 
 
 def parse_section(cls: type[T], raw: Any, where: str) -> T:

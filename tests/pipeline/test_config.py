@@ -313,3 +313,13 @@ def test_preset_overrides_validate(file, name):
         got = attr(config, path)
         expected = tuple(value) if isinstance(value, list) else value
         assert got == expected, ".".join((file, name, *path))
+
+
+def test_an_unknown_top_level_section_fails_when_a_stage_starts(tmp_path):
+    """A misspelt section is refused by every stage's loader, not only by this test file."""
+    params = project_params()
+    params["evalute"] = params["evaluate"]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    with pytest.raises(PipelineError, match=r"unknown section\(s\) \['evalute'\]"):
+        load_section(schema("split_nyt"), "split_nyt", path)
