@@ -25,7 +25,7 @@ from model.baselines import PrototypeHead
 from model.encoder import EncoderConfig, SentenceEncoder
 from model.encoder_cache import encode_all
 from model.episodes import EpisodeSampler, episode_accuracy, mean_ci95
-from stages.prepare_fewshot import convert
+from pipeline.fewrel import convert
 
 
 def _nyt_table(path: Path, per_relation: int, seed: int):

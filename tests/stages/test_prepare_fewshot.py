@@ -65,13 +65,6 @@ def test_valid_and_malformed_records_are_counted(tmp_path: Path) -> None:
     assert saved["val_nyt"]["skipped"] == 5
 
 
-def test_multi_token_span_is_half_open(tmp_path: Path) -> None:
-    tokens = ["The", "United", "States", "capital", "is", "Washington"]
-    fields = prepare_fewshot.parse_record(fewrel_record(tokens, [1, 2], [5]))
-    assert (fields["head_start"], fields["head_end"]) == (1, 3)
-    assert (fields["tail_start"], fields["tail_end"]) == (5, 6)
-
-
 def test_any_dataset_listed_in_params_is_converted(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     _write(raw, "my-corpus.v2.json", {"P19": [fewrel_record(TOKENS, [0], [4])]})
@@ -227,7 +220,7 @@ def _params(tmp_path: Path, section: dict) -> Path:
     import yaml
 
     path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump({"prepare_fewshot": section, "other": {"x": 1}}))
+    path.write_text(yaml.safe_dump({"prepare_fewshot": section, "fetch": {"x": 1}}))
     return path
 
 

@@ -1,0 +1,159 @@
+"""FewRel-format JSON: read a file, validate its records, turn them into a table.
+
+FewRel layout: ``{"P413": [{"tokens": [...], "h": [name, qid, [[pos, ...]]],
+"t": [...]}, ...]}``. Each record becomes one row of ``FEWSHOT_SCHEMA``; the
+first mention of each entity gives its half-open span. Malformed records are
+skipped and counted by reason, never kept; a dataset in which no record can be
+used is an error. The ``prepare_fewshot`` stage and ``regrab-score`` read their
+FewRel files through here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.errors import PipelineError
+from pipeline.schemas import FEWSHOT_SCHEMA
+
+
+class BadRecord(ValueError):
+    """A record that cannot be used; the message is the skip reason."""
+
+
+def _span(entity: Any, n_tokens: int, side: str) -> tuple[int, int, str | None]:
+    if not isinstance(entity, list) or len(entity) < 3:
+        raise BadRecord(f"{side}_malformed")
+    mentions = entity[2]
+    if not isinstance(mentions, list) or not mentions or not isinstance(mentions[0], list):
+        raise BadRecord(f"{side}_no_mention")
+    positions = mentions[0]
+    if not positions or not all(isinstance(p, int) and not isinstance(p, bool) for p in positions):
+        raise BadRecord(f"{side}_bad_positions")
+    start, end = min(positions), max(positions) + 1
+    if start < 0 or end > n_tokens:
+        raise BadRecord(f"{side}_span_outside_sentence")
+    qid = entity[1] if isinstance(entity[1], str) and entity[1] else None
+    return start, end, qid
+
+
+def parse_record(record: Any) -> dict[str, Any]:
+    """Validate one FewRel record and return its span fields, or raise BadRecord."""
+    if not isinstance(record, dict):
+        raise BadRecord("not_an_object")
+    tokens = record.get("tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise BadRecord("empty_tokens")
+    if not all(isinstance(tok, str) and tok for tok in tokens):
+        raise BadRecord("bad_token")
+    h_start, h_end, h_id = _span(record.get("h"), len(tokens), "head")
+    t_start, t_end, t_id = _span(record.get("t"), len(tokens), "tail")
+    if h_start < t_end and t_start < h_end:
+        # Entity markers cannot be placed around overlapping mentions.
+        raise BadRecord("overlapping_entities")
+    return {
+        "tokens": tokens,
+        "head_start": h_start, "head_end": h_end,
+        "tail_start": t_start, "tail_end": t_end,
+        "head_id": h_id, "tail_id": t_id,
+    }
+
+
+def convert(
+    name: str, data: Any, relation_names: dict[str, str]
+) -> tuple[pa.Table, dict[str, Any]]:
+    """Turn a loaded FewRel dict into a table and a report of what was skipped."""
+    if not isinstance(data, dict):
+        raise PipelineError(
+            f"{name}: expected a JSON object mapping relation ids to lists; re-fetch it"
+        )
+    rows: dict[str, list[Any]] = {field.name: [] for field in FEWSHOT_SCHEMA}
+    skipped: Counter[str] = Counter()
+    per_relation: dict[str, int] = {}
+    for relation in sorted(data):
+        records = data[relation]
+        if not isinstance(records, list):
+            skipped["relation_not_a_list"] += 1
+            continue
+        kept = 0
+        for index, record in enumerate(records):
+            try:
+                fields = parse_record(record)
+            except BadRecord as exc:
+                skipped[str(exc)] += 1
+                continue
+            rows["instance_id"].append(f"{name}-{relation}-{index:05d}")
+            rows["relation"].append(relation)
+            rows["relation_name"].append(relation_names.get(relation, relation))
+            for key, value in fields.items():
+                rows[key].append(value)
+            kept += 1
+        per_relation[relation] = kept
+    if not rows["instance_id"]:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items())) or "no records"
+        raise PipelineError(
+            f"{name}: no usable record ({reasons}); it is not FewRel-format "
+            "({relation: [{tokens, h, t}, ...]}), replace the file"
+        )
+    table = pa.table(rows, schema=FEWSHOT_SCHEMA)
+    report = {
+        "kept": table.num_rows,
+        "skipped": sum(skipped.values()),
+        "skipped_by_reason": dict(sorted(skipped.items())),
+        "relations": len(per_relation),
+        "instances_per_relation": per_relation,
+    }
+    return table, report
+
+
+def load_json(path: Path, fix: str | None = None) -> Any:
+    """Load a JSON file, turning a missing, corrupt or hostile file into a one-line error.
+
+    Args:
+        path: the file.
+        fix: what to do about a bad file that a user gave (default: the advice for the
+            pipeline's own files, which the fetch stage brings).
+    """
+    if not path.is_file():
+        raise PipelineError(
+            f"{path} not found; " + (fix or f"list {path.name} under fetch.files in params.yaml "
+                                     f"(then dvc repro fetch) or copy it into {path.parent}")
+        )
+    try:
+        with path.open("rb") as fh:
+            return json.load(fh)
+    except RecursionError as exc:
+        raise PipelineError(f"{path} is nested too deeply to be FewRel data; replace it") from exc
+    # ValueError covers JSONDecodeError, UnicodeDecodeError and over-long integer literals.
+    except ValueError as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise PipelineError(
+            f"{path} is not valid JSON ({reason}); {fix or 're-fetch it with dvc repro -f fetch'}"
+        ) from exc
+
+
+def load_relation_names(path: Path | None) -> tuple[dict[str, str], int]:
+    """Map relation id -> English name from FewRel's ``pid2name.json`` (optional).
+
+    Returns:
+        The names, and how many entries were skipped because they were not
+        ``"P..": ["name", "description"]``.
+    """
+    if path is None or not path.exists():
+        return {}, 0
+    data = load_json(path)
+    if not isinstance(data, dict):
+        raise PipelineError(
+            f"{path}: expected a JSON object mapping relation ids to [name, description]; "
+            "re-fetch it with dvc repro -f fetch"
+        )
+    names = {
+        pid: value[0]
+        for pid, value in data.items()
+        if isinstance(value, list) and value and isinstance(value[0], str) and value[0]
+    }
+    return names, len(data) - len(names)

@@ -1,0 +1,54 @@
+"""Tests for pipeline/fewrel.py, the FewRel-format parser (the stage's own tests go through
+``stages/prepare_fewshot.py``)."""
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.fewrel import convert, load_json, load_relation_names, parse_record
+from pipeline.schemas import FEWSHOT_SCHEMA
+from tests.conftest import fewrel_record
+
+TOKENS = ["Alice", "was", "born", "in", "Paris", "."]
+
+
+def test_multi_token_span_is_half_open() -> None:
+    tokens = ["The", "United", "States", "capital", "is", "Washington"]
+    fields = parse_record(fewrel_record(tokens, [1, 2], [5]))
+    assert (fields["head_start"], fields["head_end"]) == (1, 3)
+    assert (fields["tail_start"], fields["tail_end"]) == (5, 6)
+
+
+def test_convert_numbers_records_per_relation_and_counts_what_it_skips() -> None:
+    good = fewrel_record(TOKENS, [0], [4])
+    data = {"P27": [good], "P19": [fewrel_record(TOKENS, [0], [9]), good], "P1": "nope"}
+    table, report = convert("own", data, {"P19": "place of birth"})
+    assert table.schema.equals(FEWSHOT_SCHEMA)
+    # Relations in sorted order; the index is the record's place in its relation's list.
+    assert table.column("instance_id").to_pylist() == ["own-P19-00001", "own-P27-00000"]
+    assert table.column("relation_name").to_pylist() == ["place of birth", "P27"]
+    assert report["skipped_by_reason"] == {"relation_not_a_list": 1,
+                                           "tail_span_outside_sentence": 1}
+    assert report["instances_per_relation"] == {"P19": 1, "P27": 1}
+
+
+def test_convert_refuses_data_without_a_usable_record() -> None:
+    with pytest.raises(PipelineError, match=r"own: no usable record \(empty_tokens: 1\)"):
+        convert("own", {"P1": [{"tokens": []}]}, {})
+    with pytest.raises(PipelineError, match="own: expected a JSON object"):
+        convert("own", [], {})
+
+
+def test_load_json_gives_the_callers_advice(tmp_path: Path) -> None:
+    with pytest.raises(PipelineError, match="x.json not found; give a file"):
+        load_json(tmp_path / "x.json", fix="give a file")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(PipelineError, match=r"bad.json is not valid JSON \(.*\); give a file"):
+        load_json(tmp_path / "bad.json", fix="give a file")
+
+
+def test_relation_names_skip_malformed_entries(tmp_path: Path) -> None:
+    (tmp_path / "pid2name.json").write_text('{"P1": ["one", "d"], "P2": [], "P3": [3]}')
+    assert load_relation_names(tmp_path / "pid2name.json") == ({"P1": "one"}, 2)
+    assert load_relation_names(None) == ({}, 0)
