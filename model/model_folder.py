@@ -161,6 +161,10 @@ def export(checkpoint: Path, out: Path, relations_path: Path | None = None,
     return out
 
 
+def _pct(value: Any) -> str:
+    return f"{value:.2f}%" if isinstance(value, (int, float)) else "?"
+
+
 def model_card(meta: dict[str, Any], with_encoder: bool) -> str:
     """README.md in the Hugging Face model-card layout (YAML front matter, then sections)."""
     cfg, summary, params = meta["config"], meta["summary"] or {}, meta["params"] or {}
@@ -199,7 +203,8 @@ def model_card(meta: dict[str, Any], with_encoder: bool) -> str:
         "",
         f"- benchmark: {bench}; training relations: {', '.join(seen.get('train', [])) or '?'}",
         f"- validation relations (model selection): {', '.join(seen.get('val', [])) or '?'}",
-        f"- best validation accuracy {summary.get('best_val_acc', meta.get('val_acc'))} at step "
+        f"- best validation accuracy {_pct(summary.get('best_val_acc', meta.get('val_acc')))} "
+        f"at step "
         f"{summary.get('best_step', meta.get('step'))} of {summary.get('steps', '?')}",
         "",
         "## Evaluation (test relations of the same benchmark, accuracy %)",
