@@ -2,7 +2,7 @@
 
 Start a Prefect server first (``scripts/prefect_stack.sh server-start``), then::
 
-    PREFECT_API_URL=http://127.0.0.1:4200/api python -m pipeline.deploy \\
+    PREFECT_API_URL=http://127.0.0.1:4200/api python -m orchestration.deploy \\
         [--cron "0 3 * * 1"] [--timezone UTC] [--repo-dir .] [--cluster tcp://HOST:8786]
 
 The process registers the deployment, then stays in the foreground and runs each
@@ -23,9 +23,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from pipeline.dvc_access import repo_root
+from orchestration.dvc_access import repo_root
+from orchestration.flows import DASK_ADDRESS_ENV, check_cluster, retrain
 from pipeline.errors import PipelineError, run_cli
-from pipeline.flows import DASK_ADDRESS_ENV, check_cluster, retrain
 
 DEPLOYMENT_NAME = "scheduled"
 #: Weekly, Monday 03:00: the fetch stage sees the week's new data; nobody waits on it.
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     from prefect.settings import PREFECT_API_URL
     from prefect.types.entrypoint import EntrypointType
 
-    parser = argparse.ArgumentParser(prog="python -m pipeline.deploy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m orchestration.deploy", description=__doc__)
     parser.add_argument(
         "--cron",
         default=os.environ.get(CRON_ENV, DEFAULT_CRON),

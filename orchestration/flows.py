@@ -2,8 +2,8 @@
 
 DVC owns caching and the experiment record; Prefect owns scheduling, retries and
 observability. The flow never writes an artifact itself: outputs and ``dvc.lock`` are
-written by ``dvc repro``, the experiment by ``dvc exp save`` (see ``pipeline.dvc_access``),
-and ``params.yaml`` by ``pipeline.overrides`` with the grammar of ``dvc exp run -S``.
+written by ``dvc repro``, the experiment by ``dvc exp save`` (see ``orchestration.dvc_access``),
+and ``params.yaml`` by ``orchestration.overrides`` with the grammar of ``dvc exp run -S``.
 
 Why not one ``dvc exp run`` call: that would be a single opaque task. DVC documents
 ``dvc exp run`` as ``dvc repro`` followed by ``dvc exp save``, so the flow splits it
@@ -27,7 +27,7 @@ the next scheduled run does not inherit the overrides; the experiment keeps them
 
 Run it once, locally and without a server (Prefect starts a temporary one)::
 
-    python -m pipeline.flows -S train.epochs=1 --repo-dir . [--cluster tcp://host:8786]
+    python -m orchestration.flows -S train.epochs=1 --repo-dir . [--cluster tcp://host:8786]
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from pipeline import dvc_access
-from pipeline.dvc_access import PlannedStage, StageError, plan_stages, repo_root
+from orchestration import dvc_access
+from orchestration.dvc_access import PlannedStage, StageError, plan_stages, repo_root
+from orchestration.overrides import apply as apply_params
+from orchestration.overrides import describe, resolve, restore
 from pipeline.errors import PipelineError, run_cli
-from pipeline.overrides import apply as apply_params
-from pipeline.overrides import describe, resolve, restore
 from pipeline.wikidata.engine import check_cluster
 
 __all__ = ["StageError", "plan_stages", "retrain", "validate_overrides"]
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     before Prefect starts its temporary server (about 20 s), not a failed flow run.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.flows", description=__doc__.split("\n")[0]
+        prog="python -m orchestration.flows", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "-S",

@@ -1,9 +1,9 @@
 """Parameter overrides: the one place that checks, parses and applies ``key=value`` changes.
 
-Two users share it. ``python -m pipeline.overrides params-paper-gpu.yaml`` turns a partial
+Two users share it. ``python -m orchestration.overrides params-paper-gpu.yaml`` turns a partial
 params file (one holding only the keys it changes) into ``dvc exp run -S`` arguments, so
-``dvc exp run $(python -m pipeline.overrides FILE)`` runs that set as a DVC experiment
-while ``params.yaml`` keeps the defaults. The Prefect flow (``pipeline.flows``) checks its
+``dvc exp run $(python -m orchestration.overrides FILE)`` runs that set as a DVC experiment
+while ``params.yaml`` keeps the defaults. The Prefect flow (``orchestration.flows``) checks its
 overrides with :func:`resolve` and writes them with :func:`apply`.
 
 Values given as text are read with Hydra's override grammar, the grammar of

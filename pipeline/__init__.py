@@ -1,1 +1,1 @@
-"""Shared plumbing for the REGRAB pipeline: config, Parquet I/O, schemas, flows."""
+"""Shared plumbing for the REGRAB pipeline: config, Parquet I/O, schemas, Wikidata, report."""

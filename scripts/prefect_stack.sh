@@ -2,7 +2,7 @@
 # Start and stop the local Prefect server and the process serving regrab-retrain/scheduled.
 #
 #   scripts/prefect_stack.sh server-start   # prefect server on 127.0.0.1:$PREFECT_PORT
-#   scripts/prefect_stack.sh serve-start [pipeline.deploy options, e.g. --cron "0 3 * * 1",
+#   scripts/prefect_stack.sh serve-start [orchestration.deploy options, e.g. --cron "0 3 * * 1",
 #                                         --cluster tcp://HOST:8786 for parse_wikidata on Dask]
 #   scripts/prefect_stack.sh run [prefect deployment run options, e.g. -p repo_dir='"/x"',
 #                                 --param cluster=tcp://HOST:8786]
@@ -86,7 +86,7 @@ serve_start() {
     pid="$(pid_of serve)"
     if [[ -n "$pid" ]]; then echo "serve process already running (pid $pid)"; return 0; fi
     t0="$(now)"
-    (cd "$ROOT" && exec nohup "$PYTHON" -m pipeline.deploy "$@" >"$RUN_DIR/serve.log" 2>&1 </dev/null) &
+    (cd "$ROOT" && exec nohup "$PYTHON" -m orchestration.deploy "$@" >"$RUN_DIR/serve.log" 2>&1 </dev/null) &
     pid=$!
     echo "$pid" >"$RUN_DIR/serve.pid"
     local deadline=$((SECONDS + START_TIMEOUT))

@@ -24,9 +24,8 @@ from prefect.client.schemas.filters import (
 )
 from prefect.testing.utilities import prefect_test_harness
 
-from pipeline import flows
-from pipeline.errors import PipelineError
-from pipeline.flows import (
+from orchestration import flows
+from orchestration.flows import (
     StageError,
     artifact_key,
     check_cluster,
@@ -36,6 +35,7 @@ from pipeline.flows import (
     stage_task,
     validate_overrides,
 )
+from pipeline.errors import PipelineError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -149,10 +149,10 @@ def test_cluster_address_is_checked(tmp_path: Path):
 
 
 def cli(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    """``python -m pipeline.flows ARGS`` with no Prefect server configured."""
+    """``python -m orchestration.flows ARGS`` with no Prefect server configured."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.flows", "--repo-dir", str(repo), *args],
+        [sys.executable, "-m", "orchestration.flows", "--repo-dir", str(repo), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.deploy import DEFAULT_CRON, check_server
+from orchestration.deploy import DEFAULT_CRON, check_server
 from pipeline.errors import PipelineError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,7 +219,7 @@ def test_flow_runs_from_a_fresh_clone(tmp_path: Path, mirror: Path):
         start = time.monotonic()
         # Run from the clone, so its own pipeline package is the one imported.
         done = subprocess.run(
-            [sys.executable, "-m", "pipeline.flows", "--target", "split_nyt"],
+            [sys.executable, "-m", "orchestration.flows", "--target", "split_nyt"],
             cwd=clone,
             env={**env, "PREFECT_API_URL": api, "REGRAB_DATA_MIRROR": str(mirror)},
             capture_output=True,

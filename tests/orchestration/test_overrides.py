@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestration.overrides import apply, flatten, overrides, parse_value, resolve
 from pipeline.errors import PipelineError
-from pipeline.overrides import apply, flatten, overrides, parse_value, resolve
 
 
 def test_flatten_and_overrides() -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestration.overrides import resolve
 from pipeline.errors import PipelineError
 from pipeline.io import write_parquet
-from pipeline.overrides import resolve
 from pipeline.schemas import FEWSHOT_SCHEMA
 from stages import evaluate, split_nyt, train
 from tests.conftest import fewrel_record, project_params
