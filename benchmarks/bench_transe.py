@@ -44,11 +44,11 @@ from model.transe import (  # noqa: E402
     rank_metrics,
     train_epoch,
 )
+from model.transe_training import encode_triples, split_heldout  # noqa: E402
 from pipeline.config import data_mirror  # noqa: E402
 from pipeline.errors import PipelineError  # noqa: E402
 from pipeline.io import read_parquet  # noqa: E402
 from pipeline.schemas import TRIPLES_SCHEMA  # noqa: E402
-from stages.train_transe import encode_triples, split_heldout  # noqa: E402
 
 
 def mirror_triples(mirror: Path) -> pa.Table:

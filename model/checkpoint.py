@@ -1,4 +1,4 @@
-"""Configs from ``params.yaml`` and every checkpoint (REGRAB, baselines, TransE), in one place.
+"""Configs from ``params.yaml`` and the checkpoints of REGRAB and its baselines, in one place.
 
 ``params.yaml`` holds the values, the frozen dataclasses of each component the schema
 (:class:`~model.encoder.EncoderConfig`, :class:`~model.graph_prior.GraphPriorConfig`,
@@ -10,7 +10,6 @@ prototypes are formed and compared (:func:`config_for_method`).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,16 +23,13 @@ from model.graph_prior import GraphPriorConfig, RelationGraph
 from model.langevin import LangevinConfig
 from model.registry import Head
 from model.regrab import FewShotModel
-from model.transe import TransE, TransEConfig
+from model.transe_training import TRANSE_FORMAT
 from pipeline.config import parse_section
 from pipeline.errors import PipelineError
 
-log = logging.getLogger(__name__)
-
-#: Format tags of the two kinds of checkpoint (:mod:`model.tensor_file`); a file of another
-#: version is refused.
+#: Format tag of a model checkpoint (:mod:`model.tensor_file`); a file of another version is
+#: refused. TransE states have their own (:mod:`model.transe_training`).
 MODEL_FORMAT = "regrab-model-3"
-TRANSE_FORMAT = "regrab-transe-2"
 #: File names inside a model folder of the train stage: the best model, and the resume point
 #: that exists only while a model is training.
 MODEL_FILE = "model.safetensors"
@@ -233,59 +229,3 @@ def convert_legacy(src: Path, dst: Path) -> str:
                             "REGRAB model or TransE state; retrain it")
     tensor_file.save(dst, {k: v for k, v in payload.items() if k != "format"}, fmt)
     return fmt
-
-
-# --- TransE checkpoints -----------------------------------------------------------------------
-
-
-def save_transe(path: Path, model: TransE, optimizer: Any, generator: torch.Generator,
-                epoch: int, losses: list[float], data_hash: str, params: dict[str, Any],
-                relations: list[str]) -> None:
-    """Write everything needed to continue TransE training, atomically.
-
-    The stage params and relation names go in too, so the relation vectors can be read
-    back from the checkpoint alone.
-    """
-    tensor_file.save(path, {
-        "config": dataclasses.asdict(model.config),
-        "params": params,
-        "relations": list(relations),
-        "fingerprint": data_hash,
-        "epoch": epoch,
-        "losses": list(losses),
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "optimizer": optimizer.state_dict(),
-        "generator": generator.get_state(),
-    }, TRANSE_FORMAT)
-
-
-def load_transe(path: Path, config: TransEConfig, data_hash: str,
-                resumable: tuple[str, ...] = ("epochs",)) -> dict | None:
-    """The TransE checkpoint at ``path`` if it continues this run, else None (with a notice).
-
-    Fields in ``resumable`` may differ: more epochs simply continue the same trajectory.
-    """
-    if not path.exists():
-        return None
-    try:
-        _, state = tensor_file.load(path, TRANSE_FORMAT, "TransE state", "starting over")
-    except PipelineError as exc:  # any unusable file means "start over"
-        log.warning("%s", exc)
-        return None
-
-    def comparable(d: dict) -> dict:
-        return {k: v for k, v in d.items() if k not in resumable}
-
-    reason = None
-    if not all(isinstance(state.get(k), dict) for k in ("config", "model", "optimizer")):
-        reason = "lacks its config, weights or optimizer state"
-    elif comparable(state["config"]) != comparable(dataclasses.asdict(config)):
-        reason = "was trained with other params"
-    elif state["fingerprint"] != data_hash:
-        reason = "was trained on other triples, or by other code or hardware"
-    elif state["epoch"] > config.epochs:
-        reason = f"is at epoch {state['epoch']} > epochs={config.epochs}"
-    if reason:
-        log.warning("checkpoint %s %s; starting over", path, reason)
-        return None
-    return state

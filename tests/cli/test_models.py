@@ -13,8 +13,9 @@ import yaml
 
 from cli import models, predict
 from model import tensor_file
-from model.checkpoint import TRANSE_FORMAT, load_model, read_payload
+from model.checkpoint import load_model, read_payload
 from model.predictor import parse_sentence
+from model.transe_training import TRANSE_FORMAT
 from stages import train
 from tests.conftest import project_params
 from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits, toy_table

@@ -1,4 +1,5 @@
-"""Tests for stages/train_transe.py and the TransE model it trains (model/transe.py)."""
+"""Tests for stages/train_transe.py, through it of model/transe_training.py, and of the TransE
+model it trains (model/transe.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import pytest
 import torch
 import yaml
 
-from model import tensor_file
-from model.checkpoint import TRANSE_FORMAT
+from model import tensor_file, transe_training
 from model.transe import (
     TransE,
     TransEConfig,
@@ -100,7 +100,7 @@ def write_params(path, model=None, **stage):
         project_params()["train_transe"],
         {"model": {**TINY_MODEL, **(model or {})}, **TINY_STAGE, **stage},
     )
-    path.write_text(yaml.safe_dump({"train_transe": section, "other": {"x": 1}}))
+    path.write_text(yaml.safe_dump({"train_transe": section, "fetch": {"x": 1}}))
 
 
 def run(tmp_path, name="emb", ckpt=True, triples="triples.parquet", params="params.yaml"):
@@ -144,8 +144,8 @@ def test_output_schema_and_report(tiny):
 
 def test_learns_tiny_graph():
     """Loss falls and held-out MRR beats an untrained model by a wide margin."""
-    data = train_transe.encode_triples(_table(geo_triples()))
-    train_np, held_np = train_transe.split_heldout(data.triples, 0.1, seed=0)
+    data = transe_training.encode_triples(_table(geo_triples()))
+    train_np, held_np = transe_training.split_heldout(data.triples, 0.1, seed=0)
     train, held, known = map(torch.from_numpy, (train_np, held_np, data.triples))
     cfg = tiny_config(epochs=30)
     gen = torch.Generator().manual_seed(0)
@@ -189,18 +189,19 @@ def test_resume_after_interruption_matches_uninterrupted(tiny, monkeypatch):
     run(tiny, "full")
 
     calls = itertools.count()
-    real_epoch = train_transe.train_epoch
+    real_epoch = transe_training.train_epoch
 
     def killed_in_epoch_five(*args, **kwargs):
         if next(calls) == 4:
             raise KeyboardInterrupt  # as if the process died mid-epoch
         return real_epoch(*args, **kwargs)
 
-    monkeypatch.setattr(train_transe, "train_epoch", killed_in_epoch_five)
+    monkeypatch.setattr(transe_training, "train_epoch", killed_in_epoch_five)
     with pytest.raises(KeyboardInterrupt):
         run(tiny, "cut")
     assert not (tiny / "cut.parquet").exists()
-    _, ckpt = tensor_file.load(tiny / "ckpt_cut" / "transe.safetensors", TRANSE_FORMAT)
+    _, ckpt = tensor_file.load(tiny / "ckpt_cut" / "transe.safetensors",
+                                  transe_training.TRANSE_FORMAT)
     assert ckpt["epoch"] == 4  # the last checkpoint before the kill
     # Self-contained: config, stage params and relation names travel with the tables.
     assert ckpt["config"]["dim"] == TINY_MODEL["dim"] and ckpt["params"]["checkpoint_every"] == 2
@@ -210,7 +211,7 @@ def test_resume_after_interruption_matches_uninterrupted(tiny, monkeypatch):
 
     # A SIGKILL during a checkpoint write leaves a temporary file; the rerun removes it.
     (tiny / "ckpt_cut" / ".transe.pt.half.tmp").write_bytes(b"partial")
-    monkeypatch.setattr(train_transe, "train_epoch", real_epoch)
+    monkeypatch.setattr(transe_training, "train_epoch", real_epoch)
     report = run(tiny, "cut")
     assert not (tiny / "ckpt_cut" / ".transe.pt.half.tmp").exists()
     assert report["resumed_from_epoch"] == 4
@@ -232,7 +233,7 @@ def test_more_epochs_continue_checkpoint(tiny):
 def test_stale_checkpoint_is_not_resumed(tiny, caplog):
     run(tiny, "x")
     write_params(tiny / "params.yaml", model={"lr": 0.01})
-    with caplog.at_level(logging.WARNING, logger="model.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="model.transe_training"):
         report = run(tiny, "x")
     assert report["resumed_from_epoch"] == 0
     assert "other params" in caplog.text
@@ -273,15 +274,6 @@ def test_bad_input(tiny):
     write_triples(tiny / "empty.parquet", [("", "P1", "Q1")])
     with pytest.raises(PipelineError, match="no usable triples"):
         run(tiny, triples="empty.parquet")
-
-
-def test_split_keeps_every_id_in_training():
-    data = train_transe.encode_triples(_table(geo_triples(10, 3, 2)))
-    train, held = train_transe.split_heldout(data.triples, 0.3, seed=3)
-    assert len(held) > 0 and len(train) + len(held) == len(data.triples)
-    assert set(map(tuple, held)).isdisjoint(map(tuple, train))
-    assert set(held[:, [0, 2]].ravel()) <= set(train[:, [0, 2]].ravel())
-    assert set(held[:, 1]) <= set(train[:, 1])
 
 
 @pytest.mark.parametrize("p", [1, 2])
@@ -368,7 +360,7 @@ def test_config_rejects_bad_values():
 
 def test_stage_params_read_nested_model(tiny):
     """The stage section holds TransE's config as a ``model`` subsection."""
-    params = load_section(train_transe.TrainTransEParams, "train_transe", tiny / "params.yaml")
+    params = load_section(transe_training.TrainTransEParams, "train_transe", tiny / "params.yaml")
     assert params.model == TINY_CONFIG
     assert (params.device, params.threads, params.heldout_fraction) == ("cpu", 1, 0.1)
 
@@ -433,9 +425,9 @@ def test_checkpoint_of_other_code_is_not_resumed(tiny, monkeypatch, caplog):
     assert run(tiny, "x")["resumed_from_epoch"] == TINY_MODEL["epochs"]  # same code: reused
     edited = tiny / "transe_edited.py"
     edited.write_text(Path(transe_module.__file__).read_text() + "\n# a fix\n")
-    monkeypatch.setattr(train_transe, "transe_code", SimpleNamespace(__file__=str(edited)),
+    monkeypatch.setattr(transe_training, "transe_code", SimpleNamespace(__file__=str(edited)),
                         raising=False)
-    with caplog.at_level(logging.WARNING, logger="model.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="model.transe_training"):
         report = run(tiny, "x")
     assert report["resumed_from_epoch"] == 0
     assert "other code" in caplog.text
