@@ -71,7 +71,9 @@ class LangevinConfig:
         similarity: ``dot`` (paper) or ``euclidean`` (``-||x - v||^2 / 2``, appendix C).
         likelihood: ``gaussian``, ``softmax`` or ``softmax_mean`` (see the module doc).
         prior_precision: lambda of ``N(v_r | h_r, lambda^-1 I)`` (the initial value unless
-            ``scales`` is ``fixed``).
+            ``scales`` is ``fixed``). 0 is a flat prior (the graph has no say); it needs
+            ``scales: fixed``, since log 0 cannot be learned or estimated, and any other
+            ``scales`` is refused rather than silently treated as fixed.
         likelihood_variance: sigma^2 of the ``gaussian`` likelihood (likewise; unused by the
             softmax likelihoods).
         scales: ``fixed`` (the two numbers above), ``learned`` (log lambda and log sigma^2
@@ -98,6 +100,14 @@ class LangevinConfig:
     scales: Literal["fixed", "learned", "heldout"]
     noise_train: bool
     noise_eval: bool
+
+    def __post_init__(self) -> None:
+        if self.prior_precision == 0 and self.scales != "fixed":
+            raise ValueError(
+                f"prior_precision 0 (a flat prior) needs scales: fixed, not {self.scales} "
+                "(log 0 has nothing to learn or estimate); set scales: fixed, or a "
+                "prior_precision > 0 as the starting value"
+            )
 
 
 def similarity_logits(
@@ -269,14 +279,14 @@ class LangevinSampler(nn.Module):
 
     ``scales: learned`` keeps lambda and sigma^2 as log-parameters (so they stay positive);
     ``heldout`` keeps them as buffers that :meth:`set_scales` overwrites (they are saved with
-    the model); ``fixed`` uses the config's numbers. A flat prior (lambda = 0) is always
-    fixed: its log has no gradient to follow.
+    the model); ``fixed`` uses the config's numbers. A flat prior (lambda = 0) is fixed:
+    :class:`LangevinConfig` refuses it with other ``scales``.
     """
 
     def __init__(self, config: LangevinConfig) -> None:
         super().__init__()
         self.config = config
-        self.mode = config.scales if config.prior_precision > 0 else "fixed"
+        self.mode = config.scales
         lam, var = math.log(config.prior_precision or 1.0), math.log(config.likelihood_variance)
         if self.mode == "learned":
             self.log_precision = nn.Parameter(torch.tensor(lam))

@@ -241,3 +241,16 @@ def test_heldout_mode_keeps_scales_as_saved_buffers():
     assert fresh.precision == pytest.approx(12.5)
     with pytest.raises(ValueError, match="heldout"):
         LangevinSampler(_cfg(scales="fixed")).set_scales(1.0, 1.0)
+
+
+@pytest.mark.parametrize("scales", ["learned", "heldout"])
+def test_flat_prior_needs_fixed_scales_and_says_so(scales):
+    # prior_precision 0 used to switch the sampler to fixed scales without a word.
+    with pytest.raises(PipelineError, match=f"prior_precision 0 .* needs scales: fixed, not "
+                       f"{scales}.*; fix params.yaml"):
+        model_config(langevin={"prior_precision": 0, "scales": scales})
+    flat = model_config(langevin={"prior_precision": 0, "scales": "fixed"}).langevin
+    sampler = LangevinSampler(flat)
+    assert sampler.mode == "fixed" and sampler.precision == 0
+    h = torch.randn(2, 3, 4)
+    assert torch.equal(sampler(torch.randn(2, 3, 0, 4), h, torch.Generator())[:, 0], h)
