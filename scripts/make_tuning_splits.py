@@ -2,27 +2,59 @@
 
 Every NYT-25 relation is a test relation of some split, so hyper-parameters chosen on any
 NYT-25 validation part leak into a test set. A tuning split keeps a split's training and
-validation parts and replaces its test part by ``--relations`` relations of FewRel's
-``train_wiki`` (which shares no relation with NYT-25), ``--per-relation`` sentences each.
-``stages.train`` / ``stages.evaluate`` then run on ``--out`` unchanged.
+validation parts and replaces its test part by ``relations`` relations of FewRel's
+``train_wiki`` (which shares no relation with NYT-25), ``per_relation`` sentences each, drawn
+with ``seed``: the ``tune_splits`` section of ``params.yaml``. ``stages.train`` /
+``stages.evaluate`` then run on ``--out`` unchanged.
 
 Usage:
     python scripts/make_tuning_splits.py --splits data/splits --heldout \
-        data/fewshot/train_wiki.parquet --out data/tune [--relations 16 --per-relation 100]
+        data/fewshot/train_wiki.parquet --out data/tune [--params params.yaml]
+
+``--relations``, ``--per-relation`` and ``--seed`` override the section for one run (checked
+against the same schema).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from pipeline.config import field, load_section, parse_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import read_parquet, write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
+
+
+@dataclass(frozen=True)
+class TuneSplitsParams:
+    """``params.yaml`` section ``tune_splits``: the test part of every tuning split.
+
+    Attributes:
+        relations: train_wiki relations drawn for the test part.
+        per_relation: sentences kept per relation (the first ones, in file order).
+        seed: seed of the relation draw.
+    """
+
+    relations: int = field(ge=1)
+    per_relation: int = field(ge=1)
+    seed: int
+
+
+def load_params(path: Path, given: dict[str, int | None]) -> TuneSplitsParams:
+    """The ``tune_splits`` section of ``path``, with the command line's overrides laid over."""
+    params = load_section(TuneSplitsParams, "tune_splits", path)
+    changed = {key: value for key, value in given.items() if value is not None}
+    if not changed:
+        return params
+    return parse_section(TuneSplitsParams, {**dataclasses.asdict(params), **changed},
+                         "tune_splits (with command-line overrides)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,18 +62,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--splits", type=Path, required=True)
     parser.add_argument("--heldout", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--relations", type=int, default=16)
-    parser.add_argument("--per-relation", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--relations", type=int, help="overrides tune_splits.relations")
+    parser.add_argument("--per-relation", type=int, help="overrides tune_splits.per_relation")
+    parser.add_argument("--seed", type=int, help="overrides tune_splits.seed")
     args = parser.parse_args(argv)
+    params = load_params(args.params, {"relations": args.relations,
+                                       "per_relation": args.per_relation, "seed": args.seed})
     held = read_parquet(args.heldout, FEWSHOT_SCHEMA)
     rel = np.asarray(held.column("relation").to_pylist())
     names = sorted(set(rel))
-    if len(names) < args.relations:
-        raise PipelineError(f"{args.heldout} has {len(names)} relations; lower --relations")
-    rng = np.random.default_rng(args.seed)
-    chosen = sorted(rng.choice(names, args.relations, replace=False).tolist())
-    rows = np.concatenate([np.flatnonzero(rel == r)[: args.per_relation] for r in chosen])
+    if len(names) < params.relations:
+        raise PipelineError(f"{args.heldout} has {len(names)} relations, fewer than "
+                            f"tune_splits.relations = {params.relations}; lower it")
+    rng = np.random.default_rng(params.seed)
+    chosen = sorted(rng.choice(names, params.relations, replace=False).tolist())
+    rows = np.concatenate([np.flatnonzero(rel == r)[: params.per_relation] for r in chosen])
     test = held.take(pa.array(np.sort(rows)))
     splits = sorted(args.splits.glob("split_*"))
     if not splits:
@@ -58,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
             shutil.copyfile(split / f"{part}.parquet", dest / f"{part}.parquet")
         write_parquet(test, dest / "test.parquet", FEWSHOT_SCHEMA)
     print(f"{len(splits)} tuning splits in {args.out}: test = {len(chosen)} train_wiki "
-          f"relations x {args.per_relation} sentences ({', '.join(chosen)})")
+          f"relations x {params.per_relation} sentences ({', '.join(chosen)})")
 
 
 if __name__ == "__main__":
