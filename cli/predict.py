@@ -1,8 +1,10 @@
 """``regrab-predict``: label new sentences with a trained checkpoint, with uncertainty.
 
 Support rows ``{"relation": "P40", <sentence>}`` give labelled examples; a row with a relation
-and no sentence, or ``--zero-shot P19,P27``, adds a relation predicted from the graph prior
-alone. A sentence is ``{"text": "[E1]Barack Obama[/E1] was born in [E2]Hawaii[/E2] ."}``, a
+and no sentence, or ``--zero-shot P19,P27``, adds a relation predicted from its prior alone.
+A relation outside the checkpoint's graph gets a prior read from its name (a row's ``name``,
+``--name REL=NAME``, or the key itself, e.g. ``gene_found_in_organism``); the summary says
+which prior each relation used (graph, label, fallback). A sentence is ``{"text": "[E1]Barack Obama[/E1] was born in [E2]Hawaii[/E2] ."}``, a
 FewRel record (``tokens``, ``h``, ``t``) or FEWSHOT_SCHEMA columns; a ``.txt`` query file holds
 one marked sentence per line. Queries may carry ``id`` and a gold ``relation`` (then the
 accuracy is printed). The output has one row per query: ``prediction`` (null when abstaining),
@@ -61,6 +63,23 @@ def read_support(path: Path | None, zero_shot: list[str]) -> dict[str, list[Sent
     return support
 
 
+def read_names(path: Path | None, given: list[str]) -> dict[str, str]:
+    """Relation names for relations outside the checkpoint's graph: a support row's
+    ``name`` field, then ``--name REL=NAME`` (which wins)."""
+    names: dict[str, str] = {}
+    if path is not None:
+        for _, rec in read_records(path, "support file"):
+            if isinstance(rec, dict) and isinstance(rec.get("name"), str) and rec["name"].strip():
+                names[str(rec.get("relation"))] = rec["name"].strip()
+    for item in given:
+        rel, sep, name = item.partition("=")
+        if not sep or not rel.strip() or not name.strip():
+            raise PipelineError(f"--name {item!r}: write it as RELATION=NAME, e.g. "
+                                "--name 'gene_found_in_organism=found in organism'")
+        names[rel.strip()] = name.strip()
+    return names
+
+
 def read_queries(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Parsed queries (line, id, gold, sentence) and the reasons of skipped ones."""
     queries, skipped = [], []
@@ -94,6 +113,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(regrab-models export)")
     p.add_argument("--support", type=Path, help="JSONL/Parquet rows {relation, sentence}")
     p.add_argument("--zero-shot", default="", help="comma-separated relation ids, no support")
+    p.add_argument("--name", action="append", default=[], metavar="REL=NAME",
+                   help="name of a relation outside the checkpoint's graph, read as its prior "
+                        "(repeatable; default: read from the relation key, e.g. "
+                        "gene_found_in_organism)")
     p.add_argument("--queries", type=Path, required=True, help="JSONL, Parquet or .txt")
     p.add_argument("--out", type=Path, required=True, help=".jsonl or .parquet")
     p.add_argument("--threshold", type=float, default=0.0,
@@ -117,11 +140,12 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
     device = select_device(args.device, "--device")
     zero_shot = [r.strip() for r in args.zero_shot.split(",") if r.strip()]
     support = read_support(args.support, zero_shot)
+    names = read_names(args.support, args.name)
     queries, skipped = read_queries(args.queries)
     predictor = Predictor.from_checkpoint(
         args.checkpoint, device, seed=args.seed, threshold=args.threshold,
         batch_size=args.batch_size)
-    summary = predictor.set_support(support)
+    summary = predictor.set_support(support, names=names)
     rows: list[dict[str, Any]] = []
     starts = range(0, len(queries), args.chunk)
     for s in tqdm(starts, desc="predict", unit="chunk", disable=len(starts) < 2):

@@ -30,6 +30,7 @@ Shapes:
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,6 +76,26 @@ class GraphPriorConfig:
 
 #: Words around a relation label in its template sentence; the markers go round the two ends.
 LABEL_TEMPLATE = ("subject", "object")
+#: Where a way's prior mean came from (counted in reports): the graph (with the relation's
+#: label when the prior reads labels), the relation's name alone, or the shared fallback.
+PRIOR_KINDS = ("graph", "label", "fallback")
+#: A Wikidata property or item id: an identifier, not a name to read.
+_PID = re.compile(r"^[PQ]\d+$")
+#: SemEval-style argument order, ``Cause-Effect(e1,e2)``.
+_ARG_ORDER = re.compile(r"\(\s*e[12]\s*,\s*e[12]\s*\)\s*$", re.I)
+
+
+def relation_name(key: str) -> str | None:
+    """A readable name from a relation key of a FewRel-format file, or None for an id.
+
+    ``gene_found_in_organism`` -> ``gene found in organism``; ``Cause-Effect(e1,e2)`` ->
+    ``cause effect`` (the argument order is not a word); ``P17`` -> None.
+    """
+    key = _ARG_ORDER.sub("", key.strip())
+    if not key or _PID.match(key):
+        return None
+    words = re.sub(r"[_\-/.:]+", " ", key).split()
+    return " ".join(words).lower() or None
 
 
 def label_sentence(relation: str, label: str) -> dict:
@@ -218,6 +239,10 @@ class GraphPrior(nn.Module):
             self.text_gain = nn.Parameter(torch.tensor(1.0))
             self.register_buffer("text", torch.zeros(len(self.relations), out_dim))
             self.register_buffer("text_mean", torch.zeros(out_dim))
+        # Relations outside the graph named at prediction time (:meth:`add_names`): rows
+        # R, R+1, ... whose prior is the fallback plus their name's label term. Not saved.
+        self.named: list[str] = []
+        self.register_buffer("named_text", torch.zeros(0, out_dim), persistent=False)
 
     def _propagate(self, x: torch.Tensor) -> torch.Tensor:
         """``A_hat x`` with GCNConv's normalisation (self-loops, symmetric degree scaling).
@@ -251,8 +276,49 @@ class GraphPrior(nn.Module):
         return missing
 
     def index(self, relations: list[str]) -> torch.Tensor:
-        """Graph row of each relation, -1 for relations absent from the graph."""
+        """Graph row of each relation, -1 for relations absent from the graph.
+
+        A relation named with :meth:`add_names` gets its row after the graph's (R + j).
+        """
         return torch.tensor([self._index.get(r, -1) for r in relations], dtype=torch.long)
+
+    @torch.no_grad()
+    def add_names(self, names: dict[str, str | None], encoder: SentenceEncoder,
+                  cache: LowerCache | None = None, batch_size: int = 64) -> None:
+        """Give relations outside the graph a prior read from their names.
+
+        Each named relation absent from the graph gets the shared fallback vector plus the
+        label term of its name, ``g (e_name - mean)``, exactly as a graph relation's label
+        adds to its graph term; relations with no name (None) keep the fallback alone. Needs
+        ``text: true`` (a graph-only prior reads no names); replaces earlier names.
+
+        Shapes:
+            named_text: (M, D) for the M relations named here
+        """
+        self.named = []
+        self.named_text = self.named_text[:0]
+        for r in list(self._index):
+            if self._index[r] >= len(self.relations):
+                del self._index[r]
+        if not self.config.text:
+            return
+        new = [(r, n) for r, n in names.items() if n and r not in self._index]
+        if not new:
+            return
+        table = pa.Table.from_pylist([label_sentence(r, n) for r, n in new],
+                                     schema=FEWSHOT_SCHEMA)
+        enc = encode_all(encoder, encoder.tokenize(table), cache, batch_size)  # (M, D)
+        self.named = [r for r, _ in new]
+        self.named_text = (enc - self.text_mean).to(self.text.device)
+        for j, r in enumerate(self.named):
+            self._index[r] = len(self.relations) + j
+
+    def prior_kind(self, relation: str) -> str:
+        """Where ``relation``'s prior mean comes from: one of :data:`PRIOR_KINDS`."""
+        row = self._index.get(relation, -1)
+        if row < 0:
+            return "fallback"
+        return "graph" if row < len(self.relations) else "label"
 
     def label_rows(self) -> tuple[list[int], pa.Table]:
         """The graph rows that have a label and their template sentences (FEWSHOT_SCHEMA)."""
@@ -346,7 +412,13 @@ class GraphPrior(nn.Module):
         x = self._graph_states(None)
         if self.config.text:
             x = x + self.text_gain * self.text
+        if self.named:
+            x = torch.cat([x, self._named_states()])  # (R + M, D)
         return x
+
+    def _named_states(self) -> torch.Tensor:
+        """Prior means of the relations named by :meth:`add_names`: (M, D)."""
+        return self.fallback + self.text_gain * self.named_text
 
     def forward(self, rows: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
         """Prior means for graph rows (-1 = fallback).
@@ -357,9 +429,15 @@ class GraphPrior(nn.Module):
         Shapes:
             rows: (...,), text: (..., D) or None -> (..., D)
         """
-        safe = rows.clamp(min=0).to(self.features.device)
+        rows = rows.to(self.features.device)
+        r = len(self.relations)
+        safe = rows.clamp(min=0, max=r - 1)
         h = self._graph_states(safe)  # (..., D)
         if self.config.text:
             h = h + self._text_term(safe, text)
-        unknown = (rows < 0).to(h.device)[..., None]
-        return torch.where(unknown, self.fallback.expand_as(h), h)
+        unknown = (rows < 0)[..., None]
+        h = torch.where(unknown, self.fallback.expand_as(h), h)
+        if self.named:
+            named = self._named_states()[(rows - r).clamp(min=0, max=len(self.named) - 1)]
+            h = torch.where((rows >= r)[..., None], named, h)
+        return h

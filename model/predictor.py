@@ -42,6 +42,7 @@ import torch
 
 from model.checkpoint import load_model
 from model.encoder_cache import encode_all
+from model.graph_prior import relation_name
 from model.regrab import FewShotModel
 from pipeline.errors import PipelineError
 from pipeline.schemas import FEWSHOT_SCHEMA
@@ -271,18 +272,25 @@ class SupportSummary:
     shots: list[int]
     used_shots: list[int]
     zero_shot: list[str]
-    fallback_prior: list[str]
+    #: Where each relation's prior mean came from (``graph``, ``label``: its name alone,
+    #: ``fallback``); empty for methods without a prior.
+    priors: dict[str, str]
     handling: str
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def fallback_prior(self) -> list[str]:
+        return [r for r, kind in self.priors.items() if kind == "fallback"]
 
     def lines(self) -> list[str]:
         shots = ", ".join(f"{r} K={k}" for r, k in zip(self.relations, self.shots, strict=True))
         out = [f"support: {len(self.relations)} candidate relations ({shots})", self.handling]
         if self.zero_shot:
-            out.append(f"zero-shot from the graph prior: {', '.join(self.zero_shot)}")
-        if self.fallback_prior:
-            out.append("not in the checkpoint's graph (learned fallback prior): "
-                       + ", ".join(self.fallback_prior))
+            out.append(f"zero-shot from the prior: {', '.join(self.zero_shot)}")
+        if self.priors:
+            out.append("prior: " + ", ".join(f"{r} {k}" for r, k in self.priors.items())
+                       + " (graph: the relation graph and its label; label: the relation's "
+                       "name alone; fallback: neither, a shared learned vector)")
         return out + self.notes
 
 
@@ -341,11 +349,16 @@ class Predictor:
 
     @torch.no_grad()
     def set_support(self, support: Mapping[str, Sequence[Any]],
-                    zero_shot: Sequence[str] = ()) -> SupportSummary:
+                    zero_shot: Sequence[str] = (),
+                    names: Mapping[str, str] | None = None) -> SupportSummary:
         """Encode the support once: ``{relation: [sentence, ...]}`` plus zero-shot ids.
 
-        A relation with no sentences (or listed in ``zero_shot``) is predicted from the
-        graph prior alone, which needs a ``regrab`` checkpoint whose graph holds it.
+        A relation outside the checkpoint's graph gets a prior from its name: ``names[r]``
+        when given, else one read from the key (``gene_found_in_organism``,
+        ``Cause-Effect(e1,e2)``; a bare Wikidata id is no name), else the shared fallback.
+        A relation with no sentences (or listed in ``zero_shot``) is predicted from its prior
+        alone, which needs a ``regrab`` checkpoint whose graph holds it or that can read its
+        name.
         """
         if any(isinstance(s, str | Mapping) for s in support.values()):
             raise PipelineError("support maps each relation to a list of sentences")
@@ -360,6 +373,10 @@ class Predictor:
             raise PipelineError(f"need at least 2 candidate relations, got {len(relations)}; "
                                 "add support sentences or zero-shot relation ids")
         model, head = self.model, self.model.head
+        if model.prior is not None:
+            given = dict(names or {})
+            model.prior.add_names({r: given.get(r) or relation_name(r) for r in relations},
+                                  model.encoder, None, self.batch_size)
         rows = model.rows(relations)  # (N,)
         shots = [len(support[r]) for r in relations]
         zs = [r for r, k in zip(relations, shots, strict=True) if k == 0]
@@ -371,9 +388,9 @@ class Predictor:
                     "sentences or use a regrab checkpoint")
             if rows[relations.index(r)] < 0:
                 raise PipelineError(
-                    f"relation {r} has no support sentences and is not in the checkpoint's "
-                    f"relation graph ({len(model.prior.relations)} relations), so nothing "
-                    "predicts it; give it support sentences or drop it")
+                    f"relation {r} has no support sentences, is not in the checkpoint's "
+                    f"relation graph ({len(model.prior.relations)} relations) and has no name "
+                    "to read, so nothing predicts it; give it support sentences or a name")
         used, handling = self._plan(shots)
         enc = self.encode([s for r, u in zip(relations, used, strict=True)
                            for s in support[r][:u]])  # (sum K, D)
@@ -387,9 +404,9 @@ class Predictor:
                                dtype=torch.long, device=self.device)
             sup = enc[idx].reshape(1, len(ways), k, enc.shape[-1])  # (1, N_k, K, D)
             self._groups.append((ways, sup, None if h is None else h[:, ways]))
-        fallback = [] if model.prior is None else [
-            r for r, row in zip(relations, rows.tolist(), strict=True) if row < 0]
-        self.summary = SupportSummary(relations, shots, used, zs, fallback, handling)
+        priors = {} if model.prior is None else {r: model.prior.prior_kind(r)
+                                                  for r in relations}
+        self.summary = SupportSummary(relations, shots, used, zs, priors, handling)
         return self.summary
 
     def _plan(self, shots: list[int]) -> tuple[list[int], str]:

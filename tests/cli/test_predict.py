@@ -82,7 +82,7 @@ def test_parquet_out_threshold_and_zero_shot(files, capsys):
     assert abstain == [c < 0.999 for c in table.column("confidence").to_pylist()]
     assert all((p is None) == a for p, a in
                zip(table.column("prediction").to_pylist(), abstain, strict=True))
-    assert "zero-shot from the graph prior: P9" in printed and "groups of equal K" in printed
+    assert "zero-shot from the prior: P9" in printed and "groups of equal K" in printed
 
 
 def test_parquet_queries_and_zero_shot_only(files, capsys):
@@ -136,3 +136,22 @@ def test_shipped_examples_parse():
     assert len(queries) == 6 and skipped == []
     assert queries[0]["sentence"].marked().startswith("[E1]Robert Kennedy[/E1]")
     assert queries[2]["sentence"].tail == (6, 8)
+
+
+def test_names_from_support_rows_and_the_command_line(files, tmp_path, capsys):
+    rows = [json.loads(x) for x in files["support"].read_text().splitlines()]
+    for r in rows:  # P7 becomes a relation the graph lacks, named in the file; P8 on the CLI
+        r["relation"] = {"P7": "Q7007", "P8": "Q8008"}.get(r["relation"], r["relation"])
+        if r["relation"] == "Q7007":
+            r["name"] = "verb7"
+    support = tmp_path / "named.jsonl"
+    support.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main(["--checkpoint", str(files["ckpt"]), "--support", str(support), "--queries",
+          str(files["queries"]), "--out", str(tmp_path / "o.jsonl"), "--device", "cpu",
+          "--name", "Q8008=verb8 w1"])
+    out = capsys.readouterr().out
+    assert "prior: P6 graph, Q7007 label, Q8008 label" in out
+    with pytest.raises(SystemExit):
+        main(["--checkpoint", str(files["ckpt"]), "--support", str(support), "--queries",
+              str(files["queries"]), "--out", str(tmp_path / "o.jsonl"), "--name", "Q8008"])
+    assert "write it as RELATION=NAME" in capsys.readouterr().err

@@ -4,9 +4,15 @@ import pyarrow as pa
 import pytest
 import torch
 
-from model.graph_prior import GraphPrior, GraphPriorConfig, RelationGraph, label_sentence
+from model.graph_prior import (
+    GraphPrior,
+    GraphPriorConfig,
+    RelationGraph,
+    label_sentence,
+    relation_name,
+)
 from pipeline.errors import PipelineError
-from pipeline.schemas import GRAPH_SCHEMA, RELATIONS_SCHEMA
+from pipeline.schemas import FEWSHOT_SCHEMA, GRAPH_SCHEMA, RELATIONS_SCHEMA
 
 
 def _config(layers=1, hidden=5, kind="gcn", text=False):
@@ -149,3 +155,59 @@ def test_text_buffer_travels_in_the_state_dict_without_labels():
     assert torch.allclose(loaded.node_states(), prior.node_states())
     with pytest.raises(PipelineError, match="--relations"):
         loaded.label_rows()
+
+
+@pytest.mark.parametrize("key, name", [
+    ("gene_found_in_organism", "gene found in organism"),
+    ("Cause-Effect(e1,e2)", "cause effect"),
+    ("Entity-Destination(e2, e1)", "entity destination"),
+    ("place of birth", "place of birth"),
+    ("P17", None),
+    ("(e1,e2)", None),
+])
+def test_relation_names_are_read_from_keys(key, name):
+    assert relation_name(key) == name
+
+
+def _tiny_encoder(tmp_path):
+    from model.encoder import EncoderConfig, SentenceEncoder
+    from tests.model.tiny_regrab import tiny_encoder
+
+    cfg = EncoderConfig(name=str(tiny_encoder(tmp_path / "bert")), pooling="markers",
+                        markers=True, marker_init="tokens", train_layers=0, max_length=32,
+                        dropout=0.0, freeze_top_kv=False, normalize=0.0)
+    return SentenceEncoder.from_config(cfg).eval()
+
+
+def test_named_relations_outside_the_graph_get_a_label_prior(tmp_path):
+    encoder = _tiny_encoder(tmp_path)
+    g = _labelled_graph({"P1": "w1", "P2": "w2 w3"})
+    prior = GraphPrior(_config(text=True), g, out_dim=encoder.out_dim)
+    prior.set_text([0, 1], torch.randn(2, encoder.out_dim, generator=torch.Generator()
+                                       .manual_seed(1)))
+    with torch.no_grad():
+        prior.text_gain.fill_(1.5)
+        prior.fallback.normal_()
+    prior.add_names({"P1": "ignored: in the graph", "w4_w5(e1,e2)": "w4 w5", "P99": None},
+                    encoder)
+    assert prior.named == ["w4_w5(e1,e2)"]
+    rows = prior.index(["P1", "w4_w5(e1,e2)", "P99", "P3"])
+    assert rows.tolist() == [0, 4, -1, 2]
+    assert [prior.prior_kind(r) for r in ("P1", "w4_w5(e1,e2)", "P99", "P3")] == [
+        "graph", "label", "fallback", "graph"]
+    # Independently: the name's template sentence through the encoder, centred, gained.
+    table = pa.Table.from_pylist([label_sentence("x", "w4 w5")], schema=FEWSHOT_SCHEMA)
+    with torch.no_grad():
+        e = encoder(encoder.tokenize(table).batch([0]))[0]
+    expect = prior.fallback + 1.5 * (e - prior.text_mean)
+    h = prior(rows)
+    assert torch.allclose(h[1], expect, atol=1e-5)
+    assert torch.equal(h[2], prior.fallback)
+    states = prior.node_states()
+    assert states.shape[0] == 5 and torch.allclose(states[rows[[0, 1, 3]]], h[[0, 1, 3]])
+    # Naming again replaces the names; a graph-only prior reads none.
+    prior.add_names({}, encoder)
+    assert prior.index(["w4_w5(e1,e2)"]).tolist() == [-1] and prior.node_states().shape[0] == 4
+    plain = GraphPrior(_config(), g, out_dim=encoder.out_dim)
+    plain.add_names({"w4_w5": "w4 w5"}, encoder)
+    assert plain.prior_kind("w4_w5") == "fallback"

@@ -288,3 +288,25 @@ def test_bad_support_and_checkpoint(folder, table):
     (folder / "junk.pt").write_bytes(b"\x00garbage")
     with pytest.raises(PipelineError, match="unreadable"):
         Predictor.from_checkpoint(folder / "junk.pt")
+
+
+def test_relations_outside_the_graph_are_read_by_name(folder, table):
+    """A named relation the graph lacks gets a label prior; only a nameless one the fallback."""
+    pred = Predictor.from_checkpoint(tiny_checkpoint(folder), seed=2)
+    support = _support(table, [2, 2, 2])
+    renamed = {"P6": support["P6"], "verb7_w1(e1,e2)": support["P7"], "Q77": support["P8"]}
+    summary = pred.set_support(renamed)
+    assert summary.priors == {"P6": "graph", "verb7_w1(e1,e2)": "label", "Q77": "fallback"}
+    assert summary.fallback_prior == ["Q77"]
+    line = next(x for x in summary.lines() if x.startswith("prior: "))
+    assert "verb7_w1(e1,e2) label" in line and "P6 graph" in line
+    # A name given explicitly wins; a bare property id is no name: fallback.
+    summary = pred.set_support({"P6": support["P6"], "P99": support["P7"]})
+    assert summary.priors["P99"] == "fallback"
+    summary = pred.set_support({"P6": support["P6"], "P99": support["P7"]},
+                               names={"P99": "verb7"})
+    assert summary.priors["P99"] == "label"
+    # Zero-shot from a name alone works; the prior mean is the one the head computes.
+    summary = pred.set_support({"P6": support["P6"]}, zero_shot=["verb8_w2"])
+    assert summary.priors["verb8_w2"] == "label" and summary.zero_shot == ["verb8_w2"]
+    assert np.allclose(pred.predict(_queries(table)[0]).probs.sum(1), 1.0)
