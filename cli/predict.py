@@ -4,7 +4,8 @@ Support rows ``{"relation": "P40", <sentence>}`` give labelled examples; a row w
 and no sentence, or ``--zero-shot P19,P27``, adds a relation predicted from its prior alone.
 A relation outside the checkpoint's graph gets a prior read from its name (a row's ``name``,
 ``--name REL=NAME``, or the key itself, e.g. ``gene_found_in_organism``); the summary says
-which prior each relation used (graph, label, fallback). A sentence is ``{"text": "[E1]Barack Obama[/E1] was born in [E2]Hawaii[/E2] ."}``, a
+which prior each relation used (graph, label, fallback).
+A sentence is ``{"text": "[E1]Barack Obama[/E1] was born in [E2]Hawaii[/E2] ."}``, a
 FewRel record (``tokens``, ``h``, ``t``) or FEWSHOT_SCHEMA columns; a ``.txt`` query file holds
 one marked sentence per line. Queries may carry ``id`` and a gold ``relation`` (then the
 accuracy is printed). The output has one row per query: ``prediction`` (null when abstaining),
