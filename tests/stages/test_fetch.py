@@ -94,7 +94,8 @@ def _params(tmp_path: Path, files: dict, **overrides) -> Path:
 
     section = {**project_params()["fetch"], "files": files, **overrides}
     path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump({"fetch": section, "other": {"x": 1}}))
+    # Another stage's section, even one it would refuse, is not read by fetch.
+    path.write_text(yaml.safe_dump({"fetch": section, "train": {"x": 1}}))
     return path
 
 
