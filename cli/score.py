@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -38,13 +36,12 @@ from model import registry
 from model.checkpoint import MODEL_FILE, model_file, read_payload
 from model.encoder_cache import LowerCache
 from model.episodes import Setting
+from model.evaluation import EvalConfig, SplitEpisodes, evaluate_episodes
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
-from pipeline.io import atomic_paths, check_writable, write_parquet
-from pipeline.schemas import FEWSHOT_SCHEMA
-from stages.evaluate import EvalConfig, evaluate_split
-from stages.prepare_fewshot import convert, load_json
+from pipeline.fewrel import convert, load_json
+from pipeline.io import atomic_paths, check_writable
 
 log = logging.getLogger(__name__)
 
@@ -158,17 +155,13 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
           f"{relations['trained_on']}")
     set_threads(cfg.threads)
     device = select_device(cfg.device, f"{args.params} evaluate.device")
-    work = Path(tempfile.mkdtemp(prefix="regrab-score-"))
-    try:
-        per_split, nota = {}, {}
-        with torch.no_grad():
-            cache = LowerCache()
-            for i, split in enumerate(found):
-                write_parquet(table, work / split / "test.parquet", FEWSHOT_SCHEMA)
-                per_split[split], nota[split] = evaluate_split(
-                    work / split, args.models, cfg, device, cache, i, check_split=False)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    per_split, nota = {}, {}
+    with torch.no_grad():
+        cache = LowerCache()
+        for i, split in enumerate(found):
+            # The file is no model's split, so no model is checked against one.
+            per_split[split], nota[split] = evaluate_episodes(
+                SplitEpisodes(split, table, cfg, i), args.models, cfg, device, cache)
     summary = report.summarise(per_split, nota)
     summary["relations"] = {**relations, "parsed": {k: v for k, v in parsed.items()
                                                     if k != "instances_per_relation"}}

@@ -1,0 +1,374 @@
+"""Few-shot, zero-shot and none-of-the-above accuracy and calibration of trained models on a
+split: the library behind the ``evaluate`` stage and ``regrab-score``.
+
+Each model encodes every test (and, for NOTA, validation) sentence once; episodes are then
+assembled from the cached encodings (exact: the encoder sees one sentence at a time).
+Episodes are seeded per split and setting, so every method sees the same episodes, and the
+comparison with REGRAB is paired. Zero-shot settings (``{N}w0s``) are run for ``regrab``
+only (prototypes = prior means).
+
+Per method and setting it measures accuracy and the calibration of the predictive
+probabilities (REGRAB: the average over its S posterior samples; proto and mtb: their
+softmax): ECE in equal-width bins of the max probability, a reliability diagram, and
+accuracy against coverage when abstaining on the least confident queries (with its AURC).
+:mod:`pipeline.report` turns the per-split cells into means over splits.
+
+NOTA (FewRel 2.0): a fraction r of the queries comes from test relations outside the N ways
+and a method answers "none of the above" by abstaining below a confidence threshold. The
+threshold is chosen per split, method, setting and rate on NOTA episodes of the split's
+validation relations (never on test), with ``min(N, validation relations - 1)`` ways, as the
+one that maximises NOTA accuracy there. Test NOTA episodes are the setting's plain test
+episodes with outside queries in place of some inside ones (:mod:`model.nota`).
+
+A model is scored only on the split it was trained on: its stored digests of the split's
+train and val files must match the split's files.
+
+An untrained ``floor`` row can be added (``evaluate.floor``): see :mod:`model.floor`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from model import registry
+from model.checkpoint import load_model, model_file
+from model.encoder_cache import LowerCache, encode_all
+from model.episodes import EpisodeSampler, Setting
+from model.floor import CosinePrototypeHead, floor_encoder
+from model.nota import NotaEpisodes, sample_nota
+from model.scoring import (
+    OUTSIDE,
+    EpisodeScores,
+    aurc,
+    best_threshold,
+    expected_calibration_error,
+    flat_queries,
+    nota_correct,
+    reliability_bins,
+    score_episodes,
+    scores_from_log_probs,
+    selective_accuracy,
+)
+from pipeline import report
+from pipeline.config import field
+from pipeline.errors import PipelineError
+from pipeline.io import file_digest, read_fewshot
+
+FLOOR = "floor"
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """``params.yaml`` section ``evaluate``.
+
+    Attributes:
+        methods: trained methods to evaluate (each needs
+            ``<models>/split_i/<method>/model.safetensors``).
+        settings: ``{N}w{K}s`` settings; K = 0 is zero-shot (regrab only).
+        episodes: episodes per setting and split.
+        queries: queries per way.
+        seed: episode seed (same episodes for every method).
+        splits: split folders to use (empty: every split with trained models).
+        floor: add the untrained frozen-encoder row.
+        batch_episodes: episodes per forward pass of a head.
+        encode_batch: sentences per encoder batch.
+        device: auto | cpu | cuda.
+        threads: torch intra-op threads (0 = torch default).
+        calibration_bins: equal-width confidence bins of ECE and the reliability diagram.
+        nota_rates: fractions of NOTA queries, each in [0, 1) (empty: no NOTA episodes).
+        nota_settings: settings (K >= 1) that get NOTA episodes.
+        nota_episodes: validation NOTA episodes per setting and split, to choose thresholds
+            on (the test NOTA episodes are the setting's ``episodes`` test episodes).
+    """
+
+    methods: tuple[str, ...]
+    settings: tuple[str, ...]
+    episodes: int = field(ge=1)
+    queries: int = field(ge=1)
+    seed: int
+    splits: tuple[str, ...]
+    floor: bool
+    batch_episodes: int = field(ge=1)
+    encode_batch: int = field(ge=1)
+    device: str
+    threads: int = field(ge=0)
+    calibration_bins: int = field(ge=1)
+    nota_rates: tuple[float, ...] = field(ge=0.0, lt=1.0)
+    nota_settings: tuple[str, ...]
+    nota_episodes: int = field(ge=1)
+
+    def __post_init__(self) -> None:
+        if not self.settings:
+            raise ValueError("evaluate.settings is empty; list at least one setting, e.g. "
+                             "[5w1s, 5w5s]")
+        for s in (*self.settings, *self.nota_settings):
+            Setting.parse(s)
+        if not self.methods:
+            raise ValueError("evaluate.methods must name at least one method")
+        registry.check(self.methods, "evaluate.methods")
+        for s in self.nota_settings:
+            if Setting.parse(s).shots == 0:
+                raise ValueError(f"evaluate.nota_settings has {s}; NOTA needs K >= 1 shots")
+
+    @property
+    def nota(self) -> bool:
+        return bool(self.nota_rates and self.nota_settings)
+
+
+def nota_key(setting: str, rate: float) -> str:
+    """Metric key of a NOTA cell: ``5w1s_r15`` for rate 0.15 (no dot inside a DVC key)."""
+    return f"{setting}_r{round(rate * 100):d}"
+
+
+def check_trained_on(payload: dict[str, Any], split_dir: Path, digests: dict[str, Any],
+                     path: Path, test_relations: list[str]) -> None:
+    """Refuse a model whose stored split digests are not those of ``split_dir``, or whose
+    training or validation relations are among the split's test relations (a test file
+    from another split: the digests cover the train and val files only)."""
+    inputs = (payload.get("params") or {}).get("inputs") or {}
+    for part, digest in digests.items():
+        if part not in inputs:
+            raise PipelineError(f"{path} records no digest of its {part}.parquet, so it cannot "
+                                f"be checked against {split_dir}; retrain it (dvc repro train)")
+        if inputs[part] != digest:
+            raise PipelineError(
+                f"{path} was trained on another split than {split_dir} (its {part}.parquet "
+                f"differs); retrain it on {split_dir.name} (dvc repro train) or pass the "
+                "--splits and --models folders that belong together")
+    seen = payload.get("relations") or {}
+    overlap = sorted(set(test_relations) & {str(r) for part in ("train", "val")
+                                            for r in seen.get(part) or ()})
+    if overlap:
+        raise PipelineError(
+            f"{split_dir / 'test.parquet'} holds relations {overlap} that {path} was trained "
+            f"or validated on, so it is not {split_dir.name}'s test file; rebuild the splits "
+            "(dvc repro) or pass the --splits folder the models were trained on")
+
+
+def cell(scores: EpisodeScores, bins: int) -> dict[str, Any]:
+    """Per-split numbers of one method and setting (see :func:`pipeline.report.summarise`)."""
+    conf, hit = scores.confidence, scores.correct
+    return {"episodes": scores.accuracy(), "ece": expected_calibration_error(conf, hit, bins),
+            "aurc": aurc(conf, hit), "curve": selective_accuracy(conf, hit, report.COVERAGES),
+            "bins": reliability_bins(conf, hit, bins)}
+
+
+def _generator(device: Any, *key: int) -> torch.Generator:
+    # Seeded per split and setting: sampling heads repeat, and every method sees the same
+    # noise stream (the episodes themselves are shared anyway).
+    seed = int(np.random.SeedSequence(list(key)).generate_state(1)[0])
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+class SplitEpisodes:
+    """Every episode of one split: plain test episodes, and NOTA ones on test and validation.
+
+    NOTA test episodes are the plain test episodes of their setting with outside queries in
+    place of some inside ones, so one draw of posterior samples per episode (they depend on
+    the support only) scores both, and NOTA numbers are paired with the plain ones.
+    """
+
+    def __init__(self, split: str, test: pa.Table, cfg: EvalConfig, split_index: int,
+                 val: pa.Table | None = None) -> None:
+        """Sample every episode of the split named ``split`` from its ``test`` (and ``val``).
+
+        Args:
+            split: the split's name (its folder's): where its models are, and in messages.
+            test: the split's test sentences (``FEWSHOT_SCHEMA``).
+            cfg: the ``evaluate`` section.
+            split_index: the split's number, part of every episode seed.
+            val: the split's validation sentences; needed when ``cfg.nota``.
+        """
+        self.name, self.cfg, self.index = split, cfg, split_index
+        self.n_test = test.num_rows
+        self.test = EpisodeSampler(test.column("relation").to_pylist(), f"{split} test split")
+        #: Settings that need a model: the reported ones, then NOTA-only ones.
+        self.settings = [Setting.parse(n) for n in dict.fromkeys(
+            [*cfg.settings, *(cfg.nota_settings if cfg.nota else ())])]
+        self.plain = {}
+        for s in self.settings:
+            rng = np.random.default_rng([cfg.seed, split_index, self.key(s.name)])
+            self.plain[s.name] = self.test.sample(rng, s.ways, s.shots, cfg.queries, cfg.episodes)
+        self.table, self.val = test, None
+        self.nota_test: dict[str, list[NotaEpisodes]] = {}
+        self.nota_val: dict[str, list[NotaEpisodes]] = {}
+        if not cfg.nota:
+            return
+        if val is None:
+            raise PipelineError(f"{split} has no validation sentences to choose NOTA thresholds "
+                                "on; set evaluate.nota_rates to []")
+        self.val = EpisodeSampler(val.column("relation").to_pylist(),
+                                  f"{split} validation split")
+        self.table = pa.concat_tables([test, val])  # val rows follow the test rows
+        for i, name in enumerate(cfg.nota_settings):
+            s = Setting.parse(name)
+            val_ways = min(s.ways, len(self.val.relations) - 1)
+            base = self.val.sample(np.random.default_rng([cfg.seed, split_index, 2000 + i]),
+                                   val_ways, s.shots, cfg.queries, cfg.nota_episodes)
+            self.nota_test[name] = [
+                sample_nota(self.test, np.random.default_rng([cfg.seed, split_index, 1000 + i,
+                                                              j]), self.plain[name], rate)
+                for j, rate in enumerate(cfg.nota_rates)]
+            self.nota_val[name] = [
+                sample_nota(self.val, np.random.default_rng([cfg.seed, split_index, 2000 + i, j]),
+                            base, rate) for j, rate in enumerate(cfg.nota_rates)]
+
+    @classmethod
+    def read(cls, split_dir: Path, cfg: EvalConfig, split_index: int) -> SplitEpisodes:
+        """The episodes of the split folder ``split_dir`` (its ``test.parquet``, and
+        ``val.parquet`` when ``cfg.nota``)."""
+        test = read_fewshot(split_dir / "test.parquet")
+        if not cfg.nota:
+            return cls(split_dir.name, test, cfg, split_index)
+        if not (split_dir / "val.parquet").is_file():
+            raise PipelineError(f"{split_dir} has no val.parquet to choose NOTA thresholds on; "
+                                "rerun the split stage or set evaluate.nota_rates to []")
+        return cls(split_dir.name, test, cfg, split_index, read_fewshot(split_dir / "val.parquet"))
+
+    def key(self, name: str) -> int:
+        """Seed key of a setting: its index in ``settings``, NOTA-only ones from 1000."""
+        if name in self.cfg.settings:
+            return self.cfg.settings.index(name)
+        return 1000 + self.cfg.nota_settings.index(name)
+
+    def score(self, head: torch.nn.Module, enc: torch.Tensor,
+              rows_of: Callable[[list[str]], torch.Tensor], settings: list[str],
+              bins: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Cells of ``settings`` and the NOTA cells among them, for one head.
+
+        Args:
+            head: the method's head, in eval mode.
+            enc: encodings of :attr:`table` (test rows, then validation rows).
+            rows_of: relation ids -> graph rows (``FewShotModel.rows``).
+            settings: setting names to score.
+            bins: calibration bins.
+        """
+        cfg, cells, nota = self.cfg, {}, {}
+        test_enc, test_rows = enc[: self.n_test], rows_of(self.test.relations)
+        for name in settings:
+            ep, extra = self.plain[name], self.nota_test.get(name, [])
+            query, label = flat_queries(ep.query)
+            width = query.shape[1]
+            # The seeded generator is consumed by the support's samples only, so plain scores
+            # do not change when NOTA queries ride along.
+            log_p, _ = score_episodes(
+                head, test_enc, ep.relation, ep.support,
+                np.concatenate([query, *(e.query for e in extra)], 1),
+                np.concatenate([label, *(e.label for e in extra)], 1), test_rows,
+                cfg.batch_episodes, _generator(enc.device, cfg.seed, self.index, self.key(name)))
+            if name in cfg.settings:
+                cells[name] = cell(scores_from_log_probs(log_p[:, :width], label), bins)
+            if not extra:
+                continue
+            val_eps = self.nota_val[name]
+            i = cfg.nota_settings.index(name)
+            val_log_p, _ = score_episodes(
+                head, enc[self.n_test:], val_eps[0].relation, val_eps[0].support,
+                np.concatenate([e.query for e in val_eps], 1),
+                np.concatenate([e.label for e in val_eps], 1), rows_of(self.val.relations),
+                cfg.batch_episodes, _generator(enc.device, cfg.seed, self.index, 2000 + i))
+            for j, rate in enumerate(cfg.nota_rates):
+                m, mv = extra[j].query.shape[1], val_eps[j].query.shape[1]  # fewer val ways
+                val_scores = scores_from_log_probs(val_log_p[:, j * mv:(j + 1) * mv],
+                                                   val_eps[j].label)
+                threshold = best_threshold(val_scores)
+                start = width + j * m
+                test_scores = scores_from_log_probs(log_p[:, start:start + m], extra[j].label)
+                nota[nota_key(name, rate)] = {
+                    "acc": float(nota_correct(test_scores, threshold).mean() * 100),
+                    "threshold": threshold,
+                    "abstained": float((test_scores.confidence < threshold).mean()),
+                    "outside": float((extra[j].label == OUTSIDE).mean()),
+                    "val_ways": int(val_eps[j].relation.shape[1])}
+        return cells, nota
+
+
+def _no_graph(relations: list[str]) -> torch.Tensor:
+    return torch.full((len(relations),), -1)
+
+
+def evaluate_split(split_dir: Path, models_dir: Path, cfg: EvalConfig, device: str,
+                   cache: LowerCache, split_index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Cells and NOTA cells of the split folder ``split_dir`` (see :func:`evaluate_episodes`).
+
+    A model is scored only if it was trained on this split (:func:`check_trained_on`).
+    """
+    eps = SplitEpisodes.read(split_dir, cfg, split_index)
+    digests = {part: file_digest(split_dir / f"{part}.parquet") for part in ("train", "val")}
+
+    def check(payload: dict[str, Any], path: Path) -> None:
+        check_trained_on(payload, split_dir, digests, path, eps.test.relations)
+
+    return evaluate_episodes(eps, models_dir, cfg, device, cache, check)
+
+
+def evaluate_episodes(
+    eps: SplitEpisodes, models_dir: Path, cfg: EvalConfig, device: str, cache: LowerCache,
+    check: Callable[[dict[str, Any], Path], None] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Cells ``{method: {setting: cell}}`` and NOTA cells ``{method: {key: cell}}`` of a split.
+
+    Args:
+        eps: the split's episodes; its models are ``<models_dir>/<eps.name>/<method>``.
+        models_dir: the benchmark's models folder.
+        cfg: the ``evaluate`` section.
+        device: where to run the models.
+        cache: encodings of the frozen layers, shared between models and splits.
+        check: called with each model's payload and path before it is used; raises to refuse
+            it (``regrab-score`` scores data that is not the models' own split: none).
+    """
+    cells: dict[str, dict[str, Any]] = {}
+    nota: dict[str, dict[str, Any]] = {}
+    tokens: dict[tuple, Any] = {}
+    encoder_cfg = None
+    for method in cfg.methods:
+        cells[method], nota[method] = {}, {}
+        by_path: dict[Path, list[str]] = {}
+        for s in eps.settings:
+            # The paper's protocol keeps one model per setting ({method}/{setting}/); the
+            # default keeps one model per method for every setting.
+            path = model_file(models_dir / eps.name / method / s.name)
+            if not path.exists():
+                path = model_file(models_dir / eps.name / method)
+            if not path.exists():
+                if s.shots == 0 and not registry.get(method).zero_shot:
+                    continue
+                raise PipelineError(
+                    f"{path} is missing; train {method} on {eps.name} (dvc repro train) "
+                    "or drop it from evaluate.methods"
+                )
+            by_path.setdefault(path, []).append(s.name)
+        for path, names in by_path.items():  # one model in memory at a time
+            model, payload = load_model(path, device)
+            if check is not None:
+                check(payload, path)
+            model.eval()
+            encoder_cfg = model.encoder.config
+            key = (encoder_cfg.name, encoder_cfg.markers, encoder_cfg.max_length)
+            if key not in tokens:
+                tokens[key] = model.encoder.tokenize(eps.table)
+            if model.prior is not None:
+                model.prior.coverage(eps.test.relations, f"{eps.name} test")
+                if eps.val is not None:
+                    model.prior.coverage(eps.val.relations, f"{eps.name} validation")
+            enc = encode_all(model.encoder, tokens[key], cache, cfg.encode_batch)
+            names = [n for n in names if Setting.parse(n).shots > 0 or model.prior is not None]
+            c, n = eps.score(model.head, enc, model.rows, names, cfg.calibration_bins)
+            cells[method].update(c)
+            nota[method].update(n)
+    if cfg.floor:
+        floor = floor_encoder(encoder_cfg, device)
+        key = (encoder_cfg.name, encoder_cfg.markers, encoder_cfg.max_length)
+        tok = tokens.get(key) or floor.tokenize(eps.table)
+        enc = encode_all(floor, tok, cache, cfg.encode_batch)
+        cells[FLOOR], nota[FLOOR] = eps.score(
+            CosinePrototypeHead(1.0).eval(), enc, _no_graph,
+            [s.name for s in eps.settings if s.shots > 0], cfg.calibration_bins)
+    return cells, nota

@@ -1,0 +1,67 @@
+"""Tests for model/evaluation.py without trained models: episodes, NOTA keys, the split check.
+
+Scoring trained models is tested through the stage (tests/stages/test_evaluate.py) and
+``regrab-score`` (tests/cli/test_score.py).
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.evaluation import EvalConfig, SplitEpisodes, check_trained_on, nota_key
+from pipeline.errors import PipelineError
+from pipeline.io import read_fewshot
+from tests.conftest import section_config
+from tests.model.tiny_regrab import toy_splits
+
+
+def config(**overrides) -> EvalConfig:
+    return section_config(EvalConfig, "evaluate", **{
+        "settings": ["2w1s", "3w2s"], "episodes": 4, "queries": 2, "nota_rates": [],
+        **overrides})
+
+
+def test_nota_key_has_no_dot():
+    assert nota_key("5w1s", 0.15) == "5w1s_r15" and nota_key("10w5s", 0.5) == "10w5s_r50"
+
+
+def test_episodes_from_a_table_are_those_read_from_the_split_folder(tmp_path):
+    """``regrab-score`` samples from an in-memory table what ``evaluate`` samples from files."""
+    split = toy_splits(tmp_path) / "split_0"
+    cfg = config()
+    read = SplitEpisodes.read(split, cfg, 3)
+    given = SplitEpisodes("split_0", read_fewshot(split / "test.parquet"), cfg, 3)
+    assert read.name == given.name == "split_0" and read.val is None
+    for name in cfg.settings:
+        for part in ("relation", "support", "query"):
+            np.testing.assert_array_equal(getattr(read.plain[name], part),
+                                          getattr(given.plain[name], part))
+    other = SplitEpisodes("split_0", read_fewshot(split / "test.parquet"), cfg, 4)
+    assert not np.array_equal(other.plain["2w1s"].support, read.plain["2w1s"].support)
+
+
+def test_nota_needs_validation_sentences(tmp_path):
+    split = toy_splits(tmp_path) / "split_0"
+    cfg = config(settings=["2w1s"], nota_rates=[0.3], nota_settings=["2w1s"], nota_episodes=3)
+    eps = SplitEpisodes.read(split, cfg, 0)
+    assert eps.table.num_rows == eps.n_test + read_fewshot(split / "val.parquet").num_rows
+    assert len(eps.nota_test["2w1s"]) == len(eps.nota_val["2w1s"]) == 1
+    with pytest.raises(PipelineError, match="split_0 has no validation sentences"):
+        SplitEpisodes("split_0", read_fewshot(split / "test.parquet"), cfg, 0)
+    (split / "val.parquet").unlink()
+    with pytest.raises(PipelineError, match="has no val.parquet"):
+        SplitEpisodes.read(split, cfg, 0)
+
+
+def test_check_trained_on_refuses_another_split():
+    split, path = Path("splits/split_0"), Path("models/split_0/proto/model.safetensors")
+    payload = {"params": {"inputs": {"train": "a", "val": "b"}},
+               "relations": {"train": ["P1"], "val": ["P2"]}}
+    check_trained_on(payload, split, {"train": "a", "val": "b"}, path, ["P6"])
+    with pytest.raises(PipelineError, match="trained on another split"):
+        check_trained_on(payload, split, {"train": "a", "val": "c"}, path, ["P6"])
+    with pytest.raises(PipelineError, match="records no digest"):
+        check_trained_on({}, split, {"train": "a"}, path, ["P6"])
+    with pytest.raises(PipelineError, match=r"holds relations \['P2'\]"):
+        check_trained_on(payload, split, {"train": "a", "val": "b"}, path, ["P2", "P6"])
