@@ -1,10 +1,13 @@
 """Parameter overrides: the one place that checks, parses and applies ``key=value`` changes.
 
-Two users share it. ``python -m orchestration.overrides params-paper-gpu.yaml`` turns a partial
-params file (one holding only the keys it changes) into ``dvc exp run -S`` arguments, so
-``dvc exp run $(python -m orchestration.overrides FILE)`` runs that set as a DVC experiment
-while ``params.yaml`` keeps the defaults. The Prefect flow (``orchestration.flows``) checks its
-overrides with :func:`resolve` and writes them with :func:`apply`.
+Three users share it. ``python -m orchestration.overrides params-paper-gpu.yaml`` turns a
+partial params file (a preset: only the keys it changes) into ``dvc exp run -S`` arguments,
+so ``dvc exp run $(python -m orchestration.overrides FILE)`` (``scripts/exp_preset.sh FILE``)
+runs that set as a DVC experiment while ``params.yaml`` keeps the defaults. On a machine
+without DVC, ``--write OUT FILE -S key=value`` writes the params file such a run would see
+(:func:`write_params`, used by ``scripts/run_preset.sh``). The Prefect flow
+(``orchestration.flows``) checks its overrides with :func:`resolve` and writes them with
+:func:`apply`.
 
 Values given as text are read with Hydra's override grammar, the grammar of
 ``dvc exp run -S`` (``5`` is a number, ``'5'`` a string, ``[1, 2]`` a list, ``2e-4`` a
@@ -22,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.config import merged
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_path
 
@@ -213,16 +217,59 @@ def overrides(profile: dict[str, Any], base: dict[str, Any]) -> list[str]:
     return args
 
 
+def _load(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise PipelineError(f"{path} not found; give {what}")
+    tree = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(tree, dict):
+        raise PipelineError(f"{path} is not a mapping of params.yaml sections; give {what}")
+    return tree
+
+
+def write_params(out: Path, base: Path, profiles: list[Path], sets: list[str]) -> None:
+    """Write ``base`` with presets, then ``key=value`` sets, laid over it, to ``out``.
+
+    The params a ``dvc exp run`` of the same presets and ``-S`` sets would see, for a
+    machine without DVC. Every key must exist in ``base``; values are read as ``-S`` reads
+    them. ``out`` may be ``base`` itself; it is replaced atomically.
+
+    Raises:
+        PipelineError: a missing file, an unknown key, a set without ``=``, a bad value.
+    """
+    params = _load(base, "a params file")
+    for profile in profiles:
+        part = _load(profile, "a partial params YAML file")
+        for key in flatten(part):
+            check_key(params, key, base.name)
+        params = merged(params, part)
+    for item in sets:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise PipelineError(f"-S {item}: write it as key=value")
+        check_key(params, key, base.name)
+        _set(params, key, parse_value(key, text))
+    with atomic_path(out) as tmp:
+        tmp.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("profile", type=Path, help="partial params file (params-paper-gpu.yaml)")
+    parser.add_argument("profiles", type=Path, nargs="*", metavar="preset",
+                        help="partial params file (params-paper-gpu.yaml)")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--write", type=Path, metavar="OUT",
+                        help="write --params with the presets and -S sets to OUT instead")
+    parser.add_argument("-S", "--set-param", dest="sets", action="append", default=[],
+                        metavar="KEY=VALUE", help="with --write: set a key, as dvc exp run -S")
     args = parser.parse_args(argv)
-    if not args.profile.is_file():
-        raise PipelineError(f"{args.profile} not found; give a partial params YAML file")
-    profile = yaml.safe_load(args.profile.read_text()) or {}
-    base = yaml.safe_load(args.params.read_text()) or {}
-    print(" ".join(overrides(profile, base)))
+    if args.write:
+        write_params(args.write, args.params, args.profiles, args.sets)
+        return
+    if len(args.profiles) != 1 or args.sets:
+        raise PipelineError("give one preset file to print its -S arguments (-S goes with "
+                            "--write, or straight to dvc exp run)")
+    profile = _load(args.profiles[0], "a partial params YAML file")
+    print(" ".join(overrides(profile, _load(args.params, "a params file"))))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Train and evaluate NYT-25 with the GPU preset (or, with PRESET=none, the CPU default)
-# without DVC, e.g. on a lent GPU machine that has torch but no dvc. Needs data/splits,
+# without DVC, e.g. on a lent GPU machine that has torch but no dvc. With DVC, run the preset
+# as an experiment instead (scripts/exp_preset.sh params-gpu.yaml), so `dvc exp show` lists
+# its metrics and params beside the CPU default. Needs data/splits,
 # data/graph/graph.parquet, data/features/transe.parquet and data/wikidata/relations.parquet
 # from `dvc repro build_graph split_nyt` (or GRAPH, FEATURES and RELATIONS) and, optionally,
 # an encoder folder (ENCODER).
@@ -15,23 +17,15 @@ mkdir -p "$OUT_DIR"
 PRESET=${PRESET:-params-gpu.yaml}   # PRESET=none: the CPU default (params.yaml alone)
 NAME=${NAME:-nyt25_gpu}
 [ "$PRESET" = none ] && PRESET="" && NAME=${NAME/_gpu/}
-"${PYTHON:-python3}" - "$OUT_DIR/params.yaml" "$PRESET" "${1:-}" <<'PY'
-import os
-import sys
-
-import yaml
-
-from pipeline.config import merged
-
-out, *profiles = sys.argv[1:]
-params = yaml.safe_load(open("params.yaml"))
-for p in profiles:
-    if p:
-        params = merged(params, yaml.safe_load(open(p)) or {})
-if os.environ.get("ENCODER"):
-    params["model"]["encoder"]["name"] = os.environ["ENCODER"]
-yaml.safe_dump(params, open(out, "w"))
-PY
+# Every params file here is written by one helper, the one that gives `dvc exp run` its -S
+# arguments (orchestration.overrides): same key checks, same value grammar.
+write_params() {  # write_params OUT [--params SRC] [PRESET...] [-S key=value...]
+  "${PYTHON:-python3}" -m orchestration.overrides --write "$@"
+}
+presets=()
+for p in "$PRESET" "${1:-}"; do if [ -n "$p" ]; then presets+=("$p"); fi; done
+write_params "$OUT_DIR/params.yaml" ${presets[@]+"${presets[@]}"} \
+  ${ENCODER:+-S "model.encoder.name='$ENCODER'"}
 train() {  # train [params file]
   "${PYTHON:-python3}" -m stages.train --splits data/splits \
     --graph "${GRAPH:-data/graph/graph.parquet}" \
@@ -40,16 +34,9 @@ train() {  # train [params file]
     --out "$MODELS_DIR" --params "${1:-$OUT_DIR/params.yaml}"
 }
 set_splits() {  # set_splits SRC DST SECTION [SPLIT...]: DST is SRC with SECTION.splits set
-  "${PYTHON:-python3}" - "$@" <<'PY'
-import sys
-
-import yaml
-
-src, dst, section, *splits = sys.argv[1:]
-params = yaml.safe_load(open(src))
-params[section]["splits"] = splits
-yaml.safe_dump(params, open(dst, "w"))
-PY
+  local src=$1 dst=$2 section=$3
+  shift 3
+  write_params "$dst" --params "$src" -S "$section.splits=[$(IFS=,; echo "$*")]"
 }
 if [ -n "${DEADLINE_S:-}" ]; then
   done_splits=()

@@ -1,9 +1,18 @@
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from orchestration.overrides import apply, flatten, overrides, parse_value, resolve
+from orchestration.overrides import (
+    apply,
+    flatten,
+    overrides,
+    parse_value,
+    resolve,
+    write_params,
+)
 from pipeline.errors import PipelineError
 
 
@@ -60,3 +69,38 @@ def test_resolve_and_apply_keep_the_file_layout(tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match="train.stpes is not a key of params.yaml"):
         resolve(path, {"train.stpes": 1})
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
+
+
+def typed(path: Path) -> dict:
+    """Leaves of a params file; ``3e-05`` (a string to PyYAML, a float to the schema) a float."""
+    exponent = re.compile(r"[-+]?\d+(\.\d*)?e[-+]?\d+")
+    return {key: float(value) if isinstance(value, str) and exponent.fullmatch(value) else value
+            for key, value in flatten(yaml.safe_load(path.read_text())).items()}
+
+
+@pytest.mark.parametrize("preset", ["params-gpu.yaml", "params-gpu-mpnet.yaml"])
+def test_written_params_are_what_dvc_exp_run_with_the_preset_sees(tmp_path: Path, preset):
+    # run_preset.sh (no DVC) writes the file; `dvc exp run -S ...` edits params.yaml in place.
+    shutil.copy("params.yaml", tmp_path / "params.yaml")
+    args = overrides(yaml.safe_load(Path(preset).read_text()),
+                     yaml.safe_load(Path("params.yaml").read_text()))
+    written = tmp_path / "written.yaml"
+    write_params(written, tmp_path / "params.yaml", [Path(preset)],
+                 ["model.encoder.name='.enc/mini lm'", "train.splits=[split_0,split_1]"])
+    sets = dict(a.split("=", 1) for a in args[1::2])
+    sets |= {"model.encoder.name": "'.enc/mini lm'", "train.splits": "[split_0,split_1]"}
+    apply(tmp_path / "params.yaml", resolve(tmp_path / "params.yaml", sets)[0])
+    assert typed(written) == typed(tmp_path / "params.yaml")
+    assert yaml.safe_load(written.read_text())["train"]["splits"] == ["split_0", "split_1"]
+
+
+def test_write_params_refuses_unknown_keys_and_sets_without_a_value(tmp_path: Path) -> None:
+    base = tmp_path / "params.yaml"
+    base.write_text("train:\n  steps: 3\n")
+    (tmp_path / "p.yaml").write_text("train:\n  stepz: 1\n")
+    with pytest.raises(PipelineError, match="train.stepz is not a key of params.yaml"):
+        write_params(tmp_path / "out.yaml", base, [tmp_path / "p.yaml"], [])
+    with pytest.raises(PipelineError, match="-S train.steps: write it as key=value"):
+        write_params(tmp_path / "out.yaml", base, [], ["train.steps"])
+    write_params(base, base, [], ["train.steps=4"])  # in place
+    assert yaml.safe_load(base.read_text()) == {"train": {"steps": 4}}

@@ -1,4 +1,4 @@
-"""scripts/run_preset.sh with DEADLINE_S: one split at a time, evaluate what was trained.
+"""scripts/run_preset.sh: the preset's params, and with DEADLINE_S one split at a time.
 
 The stages are replaced by a stand-in interpreter that records which splits each stage was
 asked for; the params handling around them is the script's own.
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SHIM = """#!/usr/bin/env bash
 # Record stage calls (and the splits in their params); run everything else for real.
-if [ "$1" = -m ]; then
+if [ "$1" = -m ] && [[ "$2" == stages.* ]]; then
   stage=$2; shift 2
   while [ $# -gt 0 ]; do [ "$1" = --params ] && params=$2; shift; done
   echo "$stage $(python_real -c "import sys, yaml; p = yaml.safe_load(open(sys.argv[1])); \
@@ -30,20 +30,23 @@ exec python_real "$@"
 """
 
 
-def run_preset(tmp_path: Path, deadline: str) -> list[str]:
+def run_preset(tmp_path: Path, deadline: str, **extra: str) -> list[str]:
     for i in range(3):
         (tmp_path / "data" / "splits" / f"split_{i}").mkdir(parents=True)
     shutil.copy(ROOT / "params.yaml", tmp_path)
     shutil.copy(ROOT / "params-gpu.yaml", tmp_path)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python_real").symlink_to(sys.executable)
+    # A wrapper, not a symlink: a symlink outside the venv would start the bare interpreter.
+    real = bin_dir / "python_real"
+    real.write_text(f'#!/usr/bin/env bash\nexec "{sys.executable}" "$@"\n')
+    real.chmod(0o755)
     shim = bin_dir / "shim"
     shim.write_text(SHIM)
     shim.chmod(0o755)
     env = {**os.environ, "PYTHON": str(shim), "OUT_DIR": str(tmp_path / "out"),
            "DEADLINE_S": deadline, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), **extra}
     res = subprocess.run(["bash", str(ROOT / "scripts" / "run_preset.sh")], cwd=tmp_path,
                          env=env, capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
@@ -62,3 +65,12 @@ def test_far_deadline_trains_every_split_one_by_one(tmp_path):
     calls = run_preset(tmp_path, "100000")
     assert calls == ["stages.train split_0", "stages.train split_1", "stages.train split_2",
                      "stages.evaluate split_0,split_1,split_2"]
+
+
+def test_params_are_the_preset_and_the_encoder_over_params_yaml(tmp_path):
+    run_preset(tmp_path, "100000", ENCODER=".enc/mini lm")  # a folder name with a space
+    params = yaml.safe_load((tmp_path / "out" / "params.yaml").read_text())
+    preset = yaml.safe_load((ROOT / "params-gpu.yaml").read_text())
+    assert params["model"]["encoder"]["name"] == ".enc/mini lm"
+    assert params["train"]["steps"] == preset["train"]["steps"]
+    assert params["train"]["lr_encoder"] == preset["train"]["lr_encoder"]
