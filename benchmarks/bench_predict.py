@@ -28,7 +28,8 @@ import yaml
 
 from model.checkpoint import build_model, config_for_method, save_model
 from model.graph_prior import RelationGraph
-from model.predictor import Predictor, parse_sentence, sentences_table
+from model.predictor import Predictor
+from model.sentences import parse_sentence, sentences_table
 from pipeline.io import read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 

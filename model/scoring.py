@@ -1,6 +1,6 @@
 """Per-query predictions and what to say about them: probabilities, uncertainty, calibration.
 
-Pure functions on arrays, shared by ``stages.evaluate`` and the predict command:
+Pure functions on arrays, shared by :mod:`model.evaluation` and the predict command:
 
 * :func:`score_episodes` runs a head over cached encodings and returns the predictive
   log-probabilities of every query (REGRAB: the average over its S posterior samples, Eq. 11;

@@ -303,11 +303,11 @@ SECTIONS = {
     "prepare_fewshot": "stages.prepare_fewshot:PrepareFewshotParams",
     "split_nyt": "stages.split_nyt:SplitParams",
     "split_fewrel": "stages.split_fewrel:SplitFewrelParams",
-    "train_transe": "stages.train_transe:TrainTransEParams",
+    "train_transe": "model.transe_training:TrainTransEParams",
     "build_graph": "stages.build_graph:BuildGraphParams",
     "model": "model.checkpoint:ModelParams",
     "train": "model.train_config:TrainConfig",
-    "evaluate": "stages.evaluate:EvalConfig",
+    "evaluate": "model.evaluation:EvalConfig",
     "tune_splits": "scripts.make_tuning_splits:TuneSplitsParams",
 }
 

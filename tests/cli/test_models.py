@@ -14,7 +14,7 @@ import yaml
 from cli import models, predict
 from model import tensor_file
 from model.checkpoint import load_model, read_payload
-from model.predictor import parse_sentence
+from model.sentences import parse_sentence
 from model.transe_training import TRANSE_FORMAT
 from stages import train
 from tests.conftest import project_params

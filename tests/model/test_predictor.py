@@ -9,13 +9,8 @@ from model.encoder_cache import LowerCache, encode_all
 from model.episodes import Episodes, episode_accuracy, gather_episodes
 from model.graph_prior import RelationGraph
 from model.langevin import similarity_logits
-from model.predictor import (
-    Predictor,
-    Sentence,
-    parse_marked_text,
-    parse_sentence,
-    predictive_summary,
-)
+from model.predictor import Predictor, predictive_summary
+from model.sentences import Sentence, parse_marked_text, parse_sentence
 from pipeline.errors import PipelineError
 from pipeline.io import read_parquet
 from tests.conftest import model_config

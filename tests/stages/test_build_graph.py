@@ -37,7 +37,7 @@ def run(tmp_path, embeddings: str, k, out: str):
     """The stage's main with a params file whose complete build_graph section has ``k``."""
     params = tmp_path / f"params-{out}.yaml"
     section = merged(project_params()["build_graph"], {"k": k})
-    params.write_text(yaml.safe_dump({"build_graph": section, "other": {"x": 1}}))
+    params.write_text(yaml.safe_dump({"build_graph": section, "train": {"x": 1}}))
     return build_graph.main(
         [
             "--embeddings",
@@ -150,7 +150,7 @@ def test_params_need_complete_section(tmp_path):
             "--out", str(tmp_path / "g.parquet")]
     with pytest.raises(PipelineError, match="build_graph.features is missing"):
         build_graph.main(argv)
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"other": {}}))
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"train": {}}))
     with pytest.raises(PipelineError, match="no section 'build_graph'"):
         build_graph.main(argv)
     assert not (tmp_path / "g.parquet").exists()

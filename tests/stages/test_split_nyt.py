@@ -89,7 +89,7 @@ def _params(tmp_path: Path, **overrides) -> Path:
 
     section = {**project_params()["split_nyt"], **overrides}
     path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump({"split_nyt": section, "other": {"x": 1}}))
+    path.write_text(yaml.safe_dump({"split_nyt": section, "train": {"x": 1}}))
     return path
 
 
