@@ -132,6 +132,22 @@ def build_tiny_repo(root: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def prefect_server():
+    """One temporary Prefect server (SQLite in a temp dir) for the whole session.
+
+    Defined here, once, so every test module shares it: a second harness in the same
+    process would swap the first one's settings under it.
+    """
+    from prefect.testing.utilities import prefect_test_harness
+
+    with pytest.MonkeyPatch.context() as mp:
+        # Offline here; the telemetry heartbeat only adds SQLite lock errors to the log.
+        mp.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        with prefect_test_harness(server_startup_timeout=120):
+            yield
+
+
+@pytest.fixture(scope="session")
 def tiny_repo_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Built once per session; tests get copies (git init + dvc init cost seconds)."""
     return build_tiny_repo(tmp_path_factory.mktemp("template") / "repo")

@@ -11,7 +11,6 @@ import pytest
 from orchestration.flows import retrain
 from orchestration.overrides import apply, resolve, restore
 from pipeline.errors import PipelineError
-from tests.orchestration.test_flows import prefect_server  # noqa: F401 - the session's server
 from tests.pipeline.test_bad_inputs import ROOT, one_error_line, run
 
 # ------------------------------------------------------------ flow overrides (2, 3)
@@ -71,7 +70,7 @@ train:
 
 
 @pytest.mark.parametrize("fail", [False, True])
-def test_override_run_leaves_params_yaml_as_it_was(prefect_server, tiny_repo, fail):  # noqa: F811
+def test_override_run_leaves_params_yaml_as_it_was(prefect_server, tiny_repo, fail):
     (tiny_repo / "params.yaml").write_text(LAYOUT)
     subprocess.run(["git", "commit", "-qam", "layout"], cwd=tiny_repo, check=True)
     state = retrain(overrides={"train.scale": 3, "train.fail": fail},

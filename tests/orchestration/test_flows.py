@@ -22,7 +22,6 @@ from prefect.client.schemas.filters import (
     LogFilter,
     LogFilterFlowRunId,
 )
-from prefect.testing.utilities import prefect_test_harness
 
 from orchestration import flows
 from orchestration.flows import (
@@ -38,16 +37,6 @@ from orchestration.flows import (
 from pipeline.errors import PipelineError
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def prefect_server():
-    """One temporary Prefect server (SQLite in a temp dir) for the whole session."""
-    with pytest.MonkeyPatch.context() as mp:
-        # Offline here; the telemetry heartbeat only adds SQLite lock errors to the log.
-        mp.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-        with prefect_test_harness(server_startup_timeout=120):
-            yield
 
 
 def dvc_experiments(repo: Path) -> dict[str, dict]:
