@@ -12,7 +12,9 @@ Before scoring, relations are sorted out and listed:
 * fewer than K + Q sentences (the largest K of ``--settings``): skipped;
 * trained on by a checkpoint (its training or validation relations): excluded, or kept and
   flagged with ``--keep-trained``;
-* absent from a REGRAB checkpoint's relation graph: scored with the learned fallback prior.
+* absent from a REGRAB checkpoint's relation graph: scored with a prior read from the
+  relation's name (the key, e.g. ``gene_found_in_organism``), or the learned fallback when the
+  key is a bare id; the output counts the ways of each kind.
 
 Usage:
     regrab-score --data ../shared/data/fewrel/val_nyt.json --models models/fewrel \
@@ -22,63 +24,22 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
-from model import registry
-from model.checkpoint import MODEL_FILE, model_file, read_payload
-from model.encoder_cache import LowerCache
 from model.episodes import Setting
-from model.evaluation import EvalConfig, SplitEpisodes, evaluate_episodes
+from model.evaluation import EvalConfig
+from model.transfer import score_table
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
-from pipeline.errors import PipelineError, run_cli
+from pipeline.errors import run_cli
 from pipeline.fewrel import convert, load_json
 from pipeline.io import atomic_paths, check_writable
 
 log = logging.getLogger(__name__)
-
-
-def checkpoints(models: Path, methods: list[str]) -> dict[str, dict[str, Path]]:
-    """``{split: {method: model.safetensors}}`` for every trained split under ``models``."""
-    found: dict[str, dict[str, Path]] = {}
-    for split in sorted(p for p in models.glob("split_*") if p.is_dir()):
-        for method in methods:
-            path = model_file(split / method)
-            if path.is_file():
-                found.setdefault(split.name, {})[method] = path
-    if not found:
-        raise PipelineError(f"no split_*/<method>/{MODEL_FILE} under {models}; train first "
-                            "(dvc repro) or point --models at a benchmark's models folder")
-    return found
-
-
-def sort_relations(table: pa.Table, needed: int, trained: set[str],
-                   keep_trained: bool,
-                   listed: Iterable[str] = ()) -> tuple[pa.Table, dict[str, Any]]:
-    """Drop relations with too few sentences and, unless kept, those a model trained on.
-
-    ``listed`` names every relation of the file, so one with no usable sentence (``[]``)
-    is counted among the skipped too.
-    """
-    grouped = table.group_by("relation").aggregate([("relation", "count")]).to_pydict()
-    counts = {**dict.fromkeys(listed, 0),
-              **dict(zip(grouped["relation"], grouped["relation_count"], strict=True))}
-    small = {r: n for r, n in sorted(counts.items()) if n < needed}
-    seen = sorted(set(counts) & trained)
-    drop = set(small) | (set() if keep_trained else set(seen))
-    kept = table.filter(pc.invert(pc.is_in(table["relation"], pa.array(sorted(drop),
-                                                                        pa.string()))))
-    return kept, {"too_few_sentences": small, "trained_on": seen,
-                  "trained_on_excluded": not keep_trained,
-                  "relations_scored": sorted(set(counts) - drop)}
 
 
 def score(argv: list[str] | None = None) -> dict[str, Any]:
@@ -103,66 +64,31 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     outputs = [args.out.with_name(args.out.name + end) for end in (".json", "_report.json",
                                                                     ".md")]
     check_writable(outputs[0])  # before the scoring, not after it
-    methods = [m for m in (args.methods or ",".join(registry.names())).split(",") if m]
-    unknown = sorted(set(methods) - set(registry.names()))
-    if unknown:
-        raise PipelineError(f"--methods has {unknown}; use some of {list(registry.names())}")
-    found = checkpoints(args.models, methods)
-    everywhere = [m for m in methods if all(m in paths for paths in found.values())]
-    if args.methods and everywhere != methods:
-        missing = sorted(set(methods) - set(everywhere))
-        raise PipelineError(f"{missing} not trained on every split under {args.models}; "
-                            "train them or leave them out of --methods")
-    methods = everywhere
     settings = [Setting.parse(s) for s in args.settings.split(",") if s]
-    if not settings:
-        raise PipelineError("--settings is empty; give e.g. 5w1s,5w5s")
-    if args.episodes is not None and args.episodes < 1:
-        raise PipelineError(f"--episodes {args.episodes}: give 1 or more")
     base = load_section(EvalConfig, "evaluate", args.params)
-    cfg = dataclasses.replace(
-        base, methods=tuple(methods), settings=tuple(s.name for s in settings), splits=(),
-        episodes=args.episodes or base.episodes, nota_rates=(), nota_settings=(), floor=True)
-
     table, parsed = convert(args.data.stem, load_json(args.data, fix=(
         "give --data a FewRel-format JSON file: {relation: [{tokens, h, t}, ...]}")), {})
-    trained: set[str] = set()
-    encoders = set()
-    for paths in found.values():
-        for path in paths.values():
-            payload = read_payload(path)
-            for part in ("train", "val"):
-                trained |= set((payload.get("relations") or {}).get(part, []))
-            encoders.add(payload["config"]["encoder"]["name"])
-    if len(encoders) > 1:
-        raise PipelineError(f"the checkpoints under {args.models} use different encoders "
-                            f"{sorted(encoders)}; score one benchmark's models at a time")
-    needed = max(s.shots for s in settings) + cfg.queries
-    table, relations = sort_relations(table, needed, trained, args.keep_trained,
-                                      parsed["instances_per_relation"])
+    set_threads(base.threads)
+    device = select_device(base.device, f"{args.params} evaluate.device")
+    with torch.no_grad():
+        result = score_table(
+            args.data.name, table, args.models, base, settings, device,
+            methods=[m for m in args.methods.split(",") if m] if args.methods else None,
+            episodes=args.episodes, keep_trained=args.keep_trained,
+            listed=parsed["instances_per_relation"])
+    summary, cfg, methods = result["summary"], result["cfg"], result["methods"]
+    relations = summary["relations"]
     usable = len(relations["relations_scored"])
-    too_many = [s.name for s in settings if s.ways > usable]
-    if too_many:
-        raise PipelineError(
-            f"{args.data} has {usable} usable relations (>= {needed} sentences"
-            f"{'' if args.keep_trained else ', not trained on'}), fewer than the ways of "
-            f"{too_many}; lower N in --settings" + ("" if args.keep_trained else
-                                                    " or pass --keep-trained"))
-    print(f"{args.data.name}: {table.num_rows} sentences of {usable} relations scored; "
+    needed = max(s.shots for s in settings) + cfg.queries
+    print(f"{args.data.name}: {result['sentences']} sentences of {usable} relations scored; "
           f"skipped {len(relations['too_few_sentences'])} with < {needed} sentences; "
           f"{len(relations['trained_on'])} trained on "
           f"({'excluded' if not args.keep_trained else 'kept, flagged'}): "
           f"{relations['trained_on']}")
-    set_threads(cfg.threads)
-    device = select_device(cfg.device, f"{args.params} evaluate.device")
-    per_split, nota = {}, {}
-    with torch.no_grad():
-        cache = LowerCache()
-        for i, split in enumerate(found):
-            # The file is no model's split, so no model is checked against one.
-            per_split[split], nota[split] = evaluate_episodes(
-                SplitEpisodes(split, table, cfg, i), args.models, cfg, device, cache)
-    summary = report.summarise(per_split, nota)
+    for method, counts in summary["priors"].items():
+        print(f"{method} priors over the ways of every episode: "
+              + ", ".join(f"{k} {n}" for k, n in counts.items())
+              + " (graph: relation graph and label; label: the relation's name alone)")
     summary["relations"] = {**relations, "parsed": {k: v for k, v in parsed.items()
                                                     if k != "instances_per_relation"}}
     metrics = report.headline_metrics(summary, args.data.stem, tuple(methods))

@@ -42,6 +42,7 @@ from model.checkpoint import load_model, model_file
 from model.encoder_cache import LowerCache, encode_all
 from model.episodes import EpisodeSampler, Setting
 from model.floor import CosinePrototypeHead, floor_encoder
+from model.graph_prior import PRIOR_KINDS, GraphPrior, relation_name
 from model.nota import NotaEpisodes, sample_nota
 from model.scoring import (
     OUTSIDE,
@@ -86,6 +87,9 @@ class EvalConfig:
         nota_settings: settings (K >= 1) that get NOTA episodes.
         nota_episodes: validation NOTA episodes per setting and split, to choose thresholds
             on (the test NOTA episodes are the setting's ``episodes`` test episodes).
+        read_names: a relation outside a REGRAB model's graph gets a prior read from its
+            name (the split's ``relation_name``: a Wikidata label, or a key such as
+            ``Cause-Effect(e1,e2)``) instead of the shared fallback vector.
     """
 
     methods: tuple[str, ...]
@@ -103,6 +107,7 @@ class EvalConfig:
     nota_rates: tuple[float, ...] = field(ge=0.0, lt=1.0)
     nota_settings: tuple[str, ...]
     nota_episodes: int = field(ge=1)
+    read_names: bool
 
     def __post_init__(self) -> None:
         if not self.settings:
@@ -197,6 +202,9 @@ class SplitEpisodes:
             rng = np.random.default_rng([cfg.seed, split_index, self.key(s.name)])
             self.plain[s.name] = self.test.sample(rng, s.ways, s.shots, cfg.queries, cfg.episodes)
         self.table, self.val = test, None
+        #: Per method with a prior: how many ways of the reported settings' episodes took
+        #: their prior from the graph, a name alone or the fallback (filled when scored).
+        self.priors: dict[str, dict[str, int]] = {}
         self.nota_test: dict[str, list[NotaEpisodes]] = {}
         self.nota_val: dict[str, list[NotaEpisodes]] = {}
         if not cfg.nota:
@@ -231,6 +239,19 @@ class SplitEpisodes:
             raise PipelineError(f"{split_dir} has no val.parquet to choose NOTA thresholds on; "
                                 "rerun the split stage or set evaluate.nota_rates to []")
         return cls(split_dir.name, test, cfg, split_index, read_fewshot(split_dir / "val.parquet"))
+
+    def names(self) -> dict[str, str | None]:
+        """The name of each relation of the split, read from its ``relation_name``."""
+        cols = self.table.select(["relation", "relation_name"]).to_pydict()
+        return {r: relation_name(n or "") for r, n in zip(cols["relation"],
+                                                          cols["relation_name"], strict=True)}
+
+    def prior_ways(self, prior: GraphPrior) -> dict[str, int]:
+        """Ways of the reported settings' test episodes per prior kind (:data:`PRIOR_KINDS`)."""
+        kinds = np.array([PRIOR_KINDS.index(prior.prior_kind(r)) for r in self.test.relations])
+        counts = sum(np.bincount(kinds[self.plain[n].relation].ravel(),
+                                 minlength=len(PRIOR_KINDS)) for n in self.cfg.settings)
+        return {k: int(c) for k, c in zip(PRIOR_KINDS, counts, strict=True)}
 
     def key(self, name: str) -> int:
         """Seed key of a setting: its index in ``settings``, NOTA-only ones from 1000."""
@@ -355,9 +376,12 @@ def evaluate_episodes(
             if key not in tokens:
                 tokens[key] = model.encoder.tokenize(eps.table)
             if model.prior is not None:
+                if cfg.read_names:
+                    model.prior.add_names(eps.names(), model.encoder, None, cfg.encode_batch)
                 model.prior.coverage(eps.test.relations, f"{eps.name} test")
                 if eps.val is not None:
                     model.prior.coverage(eps.val.relations, f"{eps.name} validation")
+                eps.priors[method] = eps.prior_ways(model.prior)
             enc = encode_all(model.encoder, tokens[key], cache, cfg.encode_batch)
             names = [n for n in names if Setting.parse(n).shots > 0 or model.prior is not None]
             c, n = eps.score(model.head, enc, model.rows, names, cfg.calibration_bins)

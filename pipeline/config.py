@@ -308,6 +308,7 @@ SECTIONS = {
     "model": "model.checkpoint:ModelParams",
     "train": "model.train_config:TrainConfig",
     "evaluate": "model.evaluation:EvalConfig",
+    "transfer": "stages.transfer:TransferParams",
     "tune_splits": "scripts.make_tuning_splits:TuneSplitsParams",
 }
 

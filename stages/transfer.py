@@ -1,0 +1,175 @@
+"""Stage ``transfer``: score every benchmark's checkpoints on relations and text they never saw.
+
+For each set of ``transfer.sets`` (SemEval-2010 by default; another set is one params entry)
+and each benchmark of ``benchmarks`` with trained models, every method trained on every
+split is scored with the untrained ``floor`` on the same episodes (:mod:`model.transfer`).
+Relations with more than ``transfer.per_relation`` sentences are cut to that many (a seeded
+random choice), so a large relation costs no more than a small one.
+
+Writes ``metrics/transfer.json`` (DVC metrics: ``<set>.<benchmark>.<method>.<setting>``
+accuracy %, ``paired.<set>.<benchmark>.<method>_minus_floor.<setting>.{diff,ci95}``,
+``ece...`` and ``priors.<set>.<benchmark>.<method>.{graph,label,fallback}``: ways whose prior
+came from the graph, the relation's name alone, or the shared fallback), the tables in
+``metrics/transfer.md`` and everything behind them in ``metrics/transfer_report.json``.
+
+Usage:
+    python -m stages.transfer --models models --metrics metrics/transfer.json \
+        --report metrics/transfer_report.json --table metrics/transfer.md [--params params.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model.episodes import Setting
+from model.evaluation import EvalConfig
+from model.transfer import cut_relations, score_table
+from pipeline import report
+from pipeline.config import field, load_benchmarks, load_section, select_device, set_threads
+from pipeline.errors import PipelineError, run_cli
+from pipeline.io import atomic_paths, check_writable, read_fewshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TransferSet:
+    """One transfer set: a FEWSHOT_SCHEMA table made by ``prepare_fewshot``."""
+
+    data: str
+    title: str
+
+
+@dataclass(frozen=True)
+class TransferParams:
+    """``params.yaml`` section ``transfer``.
+
+    Attributes:
+        sets: ``{name: {data, title}}``; each is scored against every benchmark's models.
+        per_relation: sentences kept per relation (0: all).
+        settings: ``{N}w{K}s`` settings scored.
+        episodes: episodes per setting and checkpoint split.
+        seed: seed of the per-relation cut.
+    """
+
+    sets: dict[str, TransferSet]
+    per_relation: int = field(ge=0)
+    settings: tuple[str, ...]
+    episodes: int = field(ge=1)
+    seed: int
+
+    def __post_init__(self) -> None:
+        if not self.sets:
+            raise ValueError("transfer.sets is empty; list at least one set")
+        if not self.settings:
+            raise ValueError("transfer.settings is empty; list e.g. [5w1s, 5w5s]")
+        for s in self.settings:
+            if Setting.parse(s).shots == 0:
+                raise ValueError(f"transfer.settings has {s}; transfer needs K >= 1")
+
+
+def _ci(cell: dict[str, Any]) -> float:
+    """The interval of a paired difference: over splits, or over episodes with one split."""
+    return cell["ci95"] if cell["ci95"] is not None else cell["episode_ci95"]
+
+
+def headline(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The DVC metrics: accuracy, paired differences with the floor, ECE, prior kinds."""
+    acc: dict[str, Any] = {}
+    paired: dict[str, Any] = {}
+    ece: dict[str, Any] = {}
+    priors: dict[str, Any] = {}
+    for name, by_bench in results.items():
+        for bench, summary in by_bench.items():
+            acc.setdefault(name, {})[bench] = {
+                m: {s: round(c["mean"], 2) for s, c in row.items()}
+                for m, row in summary["accuracy"].items()}
+            paired.setdefault(name, {})[bench] = {
+                k: {s: {"diff": round(c["diff"], 2), "ci95": round(_ci(c), 2)}
+                    for s, c in row.items()}
+                for k, row in summary["vs_floor"].items()}
+            ece.setdefault(name, {})[bench] = {
+                m: {s: round(c["ece"]["mean"], 2) for s, c in row.items()}
+                for m, row in summary["calibration"].items() if m != "floor"}
+            priors.setdefault(name, {})[bench] = summary["priors"]
+    return {**acc, "paired": paired, "ece": ece, "priors": priors}
+
+
+def markdown(results: dict[str, dict[str, dict[str, Any]]], params: TransferParams) -> str:
+    """Every set x benchmark table, with the paired differences with the floor."""
+    parts = []
+    for name, by_bench in results.items():
+        for bench, summary in by_bench.items():
+            rel = summary["relations"]
+            note = (f"{params.sets[name].title}: {len(rel['relations_scored'])} relations, at "
+                    f"most {params.per_relation or 'all'} sentences each; checkpoints of "
+                    f"{bench} ({len(summary['splits'])} split(s)), {params.episodes} episodes "
+                    f"per setting and split. Priors (ways): "
+                    + "; ".join(f"{m}: " + ", ".join(f"{k} {n}" for k, n in c.items())
+                                for m, c in summary["priors"].items()))
+            parts.append(f"## {name}, {bench} checkpoints\n\n"
+                         + report.markdown_report(summary, list(params.settings), note))
+            rows = [[k] + [f"{c[s]['diff']:+.2f} ± {_ci(c[s]):.2f}" if s in c else "–"
+                           for s in params.settings]
+                    for k, c in summary["vs_floor"].items()]
+            parts.append("Paired difference with the untrained floor, points (± t 95% CI over "
+                         "splits; one split: normal 95% CI over its paired episodes)\n\n"
+                         + "\n".join(["| comparison | " + " | ".join(params.settings) + " |",
+                                      "|---|" + "---:|" * len(params.settings)]
+                                     + ["| " + " | ".join(r) + " |" for r in rows]) + "\n")
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", type=Path, default=Path("models"),
+                        help="folder of the benchmarks' models folders")
+    parser.add_argument("--metrics", type=Path, required=True)
+    parser.add_argument("--report", type=Path, required=True)
+    parser.add_argument("--table", type=Path, required=True)
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    params = load_section(TransferParams, "transfer", args.params)
+    base = load_section(EvalConfig, "evaluate", args.params)
+    benchmarks = load_benchmarks(args.params)
+    for out in (args.metrics, args.report, args.table):
+        check_writable(out)
+    settings = [Setting.parse(s) for s in params.settings]
+    set_threads(base.threads)
+    device = select_device(base.device, f"{args.params} evaluate.device")
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, spec in params.sets.items():
+        path = Path(spec.data)
+        if not path.is_file():
+            raise PipelineError(f"transfer set {name}: {path} not found; add it to "
+                                "prepare_fewshot.datasets and run dvc repro prepare_fewshot")
+        table = cut_relations(read_fewshot(path), params.per_relation, params.seed)
+        for bench in benchmarks:
+            folder = args.models / bench
+            if not folder.is_dir():
+                log.warning("no models for %s under %s; skipped", bench, args.models)
+                continue
+            log.info("%s: %s checkpoints on %d sentences", name, bench, table.num_rows)
+            with torch.no_grad():
+                out = score_table(f"{name} ({path})", table, folder, base, settings, device,
+                                  episodes=params.episodes,
+                                  listed=table.column("relation").to_pylist())
+            results.setdefault(name, {})[bench] = out["summary"]
+    if not results:
+        raise PipelineError(f"no benchmark has models under {args.models}; run dvc repro train")
+    with atomic_paths(args.metrics, args.report, args.table) as (m_tmp, r_tmp, t_tmp):
+        report.write_json_ordered(headline(results), m_tmp)
+        report.write_json_ordered(results, r_tmp)
+        t_tmp.write_text(markdown(results, params))
+    return results
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,112 @@
+import json
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from model.transfer import cut_relations
+from pipeline.errors import PipelineError
+from pipeline.io import write_parquet
+from pipeline.schemas import FEWSHOT_SCHEMA
+from stages import train, transfer
+from tests.conftest import project_params
+from tests.model.tiny_regrab import labels_of, toy_project, toy_table
+
+RELATIONS = ["P6", "P7", "P8"]
+
+
+def _named_set(path):
+    """Three relations of another domain: two named (SemEval and FewRel-2.0-style keys),
+    one a bare property id the graph lacks."""
+    table = toy_table(RELATIONS, 9, seed=5).to_pylist()
+    keys = {"P6": "Verb6-W1(e1,e2)", "P7": "verb7_w2", "P8": "P98"}
+    for row in table:
+        row["relation"] = row["relation_name"] = keys[row["relation"]]
+    write_parquet(pa.Table.from_pylist(table, schema=FEWSHOT_SCHEMA), path, FEWSHOT_SCHEMA)
+    return path
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("transfer")
+    enc, splits, graph, features = toy_project(root, n_splits=2)
+    params = project_params(**{
+        "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
+                              "normalize": 5.0}, "langevin": {"samples": 2, "steps": 2}},
+        "train": {"methods": ["regrab", "proto"], "steps": 2, "ways": [2, 3],
+                  "shots": [1, 2], "queries": 2, "val_every": 2, "val_episodes": 3,
+                  "val_settings": ["2w1s"], "dvclive": False, "device": "cpu"},
+        "evaluate": {"queries": 2, "device": "cpu"},
+        "benchmarks": {"toy": {"splits": str(splits), "title": "toy"}},
+        "transfer": {"sets": {"other": {"data": str(_named_set(root / "other.parquet")),
+                                        "title": "another domain"}},
+                     "per_relation": 6, "settings": ["2w1s", "3w2s"], "episodes": 8},
+    })
+    params["transfer"]["sets"] = {"other": params["transfer"]["sets"]["other"]}  # only ours
+    p = root / "params.yaml"
+    p.write_text(yaml.safe_dump(params))
+    train.main(["--splits", str(splits), "--graph", str(graph), "--features", str(features),
+                "--relations", str(labels_of(graph)), "--out", str(root / "models" / "toy"),
+                "--params", str(p)])
+    return root, p
+
+
+def _run(root, p):
+    return transfer.main(["--models", str(root / "models"), "--metrics",
+                          str(root / "m" / "transfer.json"), "--report",
+                          str(root / "m" / "transfer_report.json"), "--table",
+                          str(root / "m" / "transfer.md"), "--params", str(p)])
+
+
+def test_scores_every_method_and_the_floor_with_prior_kinds(project):
+    root, p = project
+    _run(root, p)
+    metrics = json.loads((root / "m" / "transfer.json").read_text())
+    acc = metrics["other"]["toy"]
+    assert set(acc) == {"regrab", "proto", "floor"} and set(acc["floor"]) == {"2w1s", "3w2s"}
+    diff = metrics["paired"]["other"]["toy"]["regrab_minus_floor"]["2w1s"]
+    assert diff["diff"] == pytest.approx(acc["regrab"]["2w1s"] - acc["floor"]["2w1s"], abs=0.02)
+    assert diff["ci95"] is not None and diff["ci95"] > 0
+    # Two named relations are read as label priors, the bare id takes the fallback: per
+    # setting every episode has N ways, 8 episodes per split, 2 splits.
+    kinds = metrics["priors"]["other"]["toy"]["regrab"]
+    assert kinds["graph"] == 0 and kinds["label"] > 0 and kinds["fallback"] > 0
+    assert sum(kinds.values()) == 2 * 8 * (2 + 3)
+    assert "proto" not in metrics["priors"]["other"]["toy"]
+    table = (root / "m" / "transfer.md").read_text()
+    assert "## other, toy checkpoints" in table and "regrab_minus_floor" in table
+    report = json.loads((root / "m" / "transfer_report.json").read_text())
+    assert report["other"]["toy"]["relations"]["relations_scored"] == [
+        "P98", "Verb6-W1(e1,e2)", "verb7_w2"]
+
+
+def test_names_off_gives_every_outside_way_the_fallback(project, tmp_path):
+    root, p = project
+    params = yaml.safe_load(p.read_text())
+    params["evaluate"]["read_names"] = False
+    q = tmp_path / "params.yaml"
+    q.write_text(yaml.safe_dump(params))
+    _run(root, q)
+    kinds = json.loads((root / "m" / "transfer.json").read_text())["priors"]["other"]["toy"]
+    assert kinds["regrab"]["label"] == 0 and kinds["regrab"]["fallback"] == 2 * 8 * 5
+
+
+def test_missing_set_is_one_error(project, tmp_path):
+    root, p = project
+    params = yaml.safe_load(p.read_text())
+    params["transfer"]["sets"]["other"]["data"] = str(tmp_path / "nope.parquet")
+    q = tmp_path / "params.yaml"
+    q.write_text(yaml.safe_dump(params))
+    with pytest.raises(PipelineError, match="add it to prepare_fewshot.datasets"):
+        _run(root, q)
+
+
+def test_cut_keeps_at_most_n_per_relation_in_file_order():
+    table = toy_table(["P1", "P2"], 10, seed=1)
+    cut = cut_relations(table, 4, seed=0)
+    rel = cut.column("relation").to_pylist()
+    assert rel.count("P1") == 4 and rel.count("P2") == 4
+    ids = cut.column("instance_id").to_pylist()
+    order = table.column("instance_id").to_pylist()
+    assert ids == sorted(ids, key=order.index)
+    assert cut_relations(table, 4, seed=0).equals(cut) and cut_relations(table, 0, 0) is table
