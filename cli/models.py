@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from model.checkpoint import MODEL_FILE, STATE_FILE, convert_legacy
+from model.checkpoint import MODEL_FILE, STATE_FILE, convert_legacy, read_payload
 from model.model_folder import export
 from pipeline.errors import PipelineError, run_cli
 
@@ -62,8 +62,8 @@ def run(argv: list[str] | None = None) -> None:
         report = args.report
         if report is None and bench is not None:
             report = Path("metrics") / f"{bench}_report.json"
-        out = export(args.checkpoint, args.out, args.relations, report, bench,
-                     with_encoder=not args.no_encoder)
+        out = export(read_payload(args.checkpoint), args.checkpoint, args.out,
+                     args.relations, report, bench, with_encoder=not args.no_encoder)
         print(f"exported {args.checkpoint} -> {out} (use: regrab-predict --checkpoint {out})")
         return
     out = args.out

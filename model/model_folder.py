@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from model import tensor_file
+from model.encoder import EncoderConfig
+from model.encoder_files import quiet_transformers, resolve_encoder_path
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_dir
 
@@ -105,23 +107,20 @@ def split_metrics(report: Path | None, split: str, method: str) -> dict[str, Any
     return out
 
 
-def export(checkpoint: Path, out: Path, relations_path: Path | None = None,
-           report: Path | None = None, benchmark: str | None = None,
-           with_encoder: bool = True) -> Path:
-    """Write ``checkpoint`` (a train stage ``model.safetensors``) as a model folder ``out``.
+def export(payload: dict[str, Any], checkpoint: Path, out: Path,
+           relations_path: Path | None = None, report: Path | None = None,
+           benchmark: str | None = None, with_encoder: bool = True) -> Path:
+    """Write a train-stage checkpoint as a model folder ``out``.
 
     Args:
+        payload: the checkpoint as :func:`model.checkpoint.read_payload` reads it.
+        checkpoint: where it was read from (names its split when the summary does not).
         relations_path: the relations table, for the labels of the graph's relations.
         report: ``metrics/<benchmark>_report.json``, for the card's test accuracies.
         benchmark: the benchmark the model was trained for (named in the card).
         with_encoder: copy the pre-trained encoder into the folder (otherwise loading needs
             the encoder named in the config installed, e.g. ``minilm``).
     """
-    from model.checkpoint import read_payload
-    from model.encoder import EncoderConfig
-    from model.encoder_files import quiet_transformers, resolve_encoder_path
-
-    payload = read_payload(checkpoint)
     config = payload["config"]
     graph_rel = payload.get("graph_relations")
     summary = payload.get("summary") or {}
