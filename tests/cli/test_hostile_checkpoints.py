@@ -22,7 +22,7 @@ from pipeline.errors import run_cli
 from stages import evaluate, train
 from tests.cli.test_score import _fewrel_json
 from tests.conftest import project_params
-from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits, toy_table
+from tests.model.tiny_regrab import labels_of, toy_project, toy_table
 
 TRAIN = {"steps": 2, "ways": [2, 3], "shots": [1, 2], "queries": 2, "val_every": 2,
          "val_episodes": 5, "val_settings": ["2w1s"], "dvclive": False, "device": "cpu",
@@ -74,9 +74,7 @@ def hostile_files(folder: Path, marker: Path) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
-    enc = tiny_encoder(root / "bert")
-    splits = toy_splits(root / "splits")
-    graph, features = toy_graph(root)
+    enc, splits, graph, features = toy_project(root)
     params = project_params(**{
         "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
                               "normalize": 5.0}, "langevin": {"samples": 2, "steps": 2}},
