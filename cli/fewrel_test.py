@@ -1,0 +1,297 @@
+"""``regrab-fewrel-test``: answer files for FewRel's hidden test set, and a local check.
+
+FewRel 1.0's test relations are not released; models are scored on CodaLab from an answer
+file. The input (``test_wiki_input-{N}-{K}.json``) is a JSON list of episodes, each
+``{"meta_train": [[record] * K] * N, "meta_test": record}``: N ways of K FewRel records
+(``tokens``, ``h``, ``t``; no relation ids) and one query. The answer file is a JSON list of
+integers, one per episode, the index of the way in ``meta_train`` the query belongs to.
+Followed: the format as this project's issue 21 and the CodaLab task page describe it; the
+thunlp/FewRel repository (README at 278a231, ``fewshot_re_kit``) does not spell it out (its
+README only says the test set is hidden and scored on the evaluation website), so no sample
+file was checked against.
+
+Subcommands:
+
+* ``predict`` (the default when the first argument is an option): every distinct sentence
+  of the file is encoded once, sorted by length (the encoder sees one sentence at a time, so
+  this is what encoding each episode would give); then each episode runs through the head
+  as :meth:`model.predictor.Predictor.predict` runs it: ways without graph relations (the
+  prior is the shared fallback vector, no name is read), the posterior samples seeded afresh
+  with ``--seed`` per episode, so an episode's answer does not depend on the others. The
+  answer is the argmax of the predictive probabilities.
+* ``make``: draws episodes from a FewRel-format file (``val_wiki.json``) into the test
+  input format plus a gold answer file, the gold way placed at random.
+* ``score``: accuracy of an answer file against a gold one, with its normal 95% interval
+  over episodes.
+
+Bad input (an episode whose ways differ in K, a query without entities, answer files of
+different lengths, ...) stops with one ``error:`` line; outputs are written atomically.
+
+Usage:
+    regrab-fewrel-test make --data ../shared/data/fewrel/val_wiki.json --ways 5 --shots 1 \
+        --episodes 1000 --seed 0 --out test.json --answers gold.json
+    regrab-fewrel-test [predict] --checkpoint models/fewrel/split_0/regrab/model.safetensors \
+        --input test.json --out pred.json [--seed 0] [--device auto] [--batch-size 64]
+    regrab-fewrel-test score --pred pred.json --answers gold.json
+
+Shapes:
+    E episodes, S posterior samples, N ways, K shots, D encoding size, U distinct sentences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from model.episodes import mean_ci95
+from model.predictor import Predictor, predictive_summary
+from model.sentences import Sentence, parse_sentence
+from pipeline.config import select_device, set_threads
+from pipeline.errors import PipelineError, run_cli
+from pipeline.fewrel import load_json
+from pipeline.io import atomic_path, check_writable
+
+COMMANDS = ("predict", "make", "score")
+#: Sentences per encoder call between progress-bar updates (a multiple of any batch size).
+CHUNK = 1024
+
+
+@dataclass(frozen=True)
+class TestEpisode:
+    """One test episode: ``support[n][k]`` is shot k of way n; ``query`` its one query."""
+
+    support: tuple[tuple[Sentence, ...], ...]
+    query: Sentence
+
+    @property
+    def ways(self) -> int:
+        return len(self.support)
+
+    @property
+    def shots(self) -> int:
+        return len(self.support[0])
+
+
+def _sentence(record: Any, where: str) -> Sentence:
+    if not isinstance(record, Mapping):
+        raise PipelineError(f"{where} is not a FewRel record {{tokens, h, t}}; fix the file")
+    try:
+        return parse_sentence(record)
+    except PipelineError as exc:
+        raise PipelineError(f"{where}: {exc}") from None
+
+
+def parse_episodes(data: Any, source: str = "input") -> list[TestEpisode]:
+    """Test episodes from the CodaLab input's JSON (a list of meta_train/meta_test dicts)."""
+    if not isinstance(data, list) or not data:
+        raise PipelineError(f"{source} is not a non-empty JSON list of episodes "
+                            "{meta_train, meta_test}; give FewRel's test input file")
+    episodes = []
+    for i, ep in enumerate(data):
+        where = f"{source} episode {i}"
+        if not isinstance(ep, Mapping) or "meta_train" not in ep or "meta_test" not in ep:
+            raise PipelineError(f"{where} lacks 'meta_train' or 'meta_test'; each episode is "
+                                "{meta_train: [[record, ...] per way], meta_test: record}")
+        ways = ep["meta_train"]
+        if (not isinstance(ways, list) or len(ways) < 2
+                or not all(isinstance(w, list) and w for w in ways)):
+            raise PipelineError(f"{where}: meta_train must list at least 2 ways, each a "
+                                "non-empty list of records")
+        shots = {len(w) for w in ways}
+        if len(shots) > 1:
+            raise PipelineError(f"{where}: its ways differ in K ({[len(w) for w in ways]} "
+                                "records); every way of an episode needs the same K")
+        support = tuple(tuple(_sentence(r, f"{where} way {n} shot {k}")
+                              for k, r in enumerate(w)) for n, w in enumerate(ways))
+        episodes.append(TestEpisode(support, _sentence(ep["meta_test"], f"{where} meta_test")))
+    return episodes
+
+
+def make_episodes(data: Any, ways: int, shots: int, count: int, seed: int,
+                  source: str = "data") -> tuple[list[dict[str, Any]], list[int]]:
+    """Test input and gold answers drawn from FewRel-format ``{relation: [record, ...]}``.
+
+    Each episode takes ``ways`` relations and ``shots`` records of each, without
+    replacement, in random way order; the query is one more record of a random way.
+    """
+    if not isinstance(data, Mapping) or not all(isinstance(v, list) for v in data.values()):
+        raise PipelineError(f"{source} is not FewRel format {{relation: [{{tokens, h, t}}, "
+                            "...]}}; give e.g. val_wiki.json")
+    if ways < 2 or shots < 1 or count < 1:
+        raise PipelineError(f"need --ways >= 2, --shots >= 1, --episodes >= 1 (got {ways}, "
+                            f"{shots}, {count})")
+    relations = sorted(r for r, recs in data.items() if len(recs) > shots)
+    if len(relations) < ways:
+        raise PipelineError(f"{ways}-way episodes need {ways} relations with more than {shots} "
+                            f"records; {source} has {len(relations)}; lower --ways or --shots")
+    rng = np.random.default_rng(seed)
+    inputs, gold = [], []
+    for _ in range(count):
+        picked = [relations[i] for i in rng.permutation(len(relations))[:ways]]
+        answer = int(rng.integers(ways))
+        meta_train, query = [], None
+        for n, r in enumerate(picked):
+            rows = rng.permutation(len(data[r]))[: shots + (n == answer)]
+            meta_train.append([data[r][j] for j in rows[:shots]])
+            if n == answer:
+                query = data[r][rows[shots]]
+        inputs.append({"meta_train": meta_train, "meta_test": query})
+        gold.append(answer)
+    return inputs, gold
+
+
+@torch.no_grad()
+def predict_episodes(predictor: Predictor, episodes: Sequence[TestEpisode],
+                     progress: bool = True) -> tuple[list[int], dict[str, float]]:
+    """The answer (way index) of every episode, and timings.
+
+    Shapes:
+        encodings: (U, D); per episode support (1, N, K, D), query (1, 1, D), h (1, N, D)
+    """
+    index: dict[Sentence, int] = {}
+    for ep in episodes:
+        for s in (*(s for way in ep.support for s in way), ep.query):
+            index.setdefault(s, len(index))
+    unique = list(index)
+    order = sorted(range(len(unique)), key=lambda i: len(unique[i].tokens))
+    start = time.perf_counter()
+    parts = []
+    for at in tqdm(range(0, len(order), CHUNK), desc="encode", unit="chunk",
+                   disable=not progress or len(order) <= CHUNK):
+        parts.append(predictor.encode([unique[i] for i in order[at: at + CHUNK]]))
+    enc = torch.empty(len(unique), predictor.model.encoder.out_dim, device=predictor.device)
+    enc[torch.tensor(order, dtype=torch.long, device=enc.device)] = torch.cat(parts)  # (U, D)
+    encoded = time.perf_counter()
+    head = predictor.model.head
+    states = head.prior_states()
+    means: dict[int, torch.Tensor] = {}
+    answers = []
+    for ep in tqdm(episodes, desc="episodes", unit="ep", disable=not progress):
+        n, k = ep.ways, ep.shots
+        if n not in means:  # no way is a graph relation: every row -1, the fallback prior
+            means[n] = head.prior_means(states, torch.full((1, n), -1, dtype=torch.long,
+                                                           device=enc.device))  # (1, N, D)
+        rows = [index[s] for way in ep.support for s in way]
+        sup = enc[rows].reshape(1, n, k, -1)  # (1, N, K, D)
+        query = enc[[index[ep.query]]][None]  # (1, 1, D)
+        # Seeded per episode, as Predictor.sample_logits seeds each call.
+        gen = torch.Generator(device=enc.device).manual_seed(predictor.seed)
+        logits = head.sample_logits(sup, query, means[n], gen)[0]  # (S, 1, N)
+        answers.append(int(predictive_summary(logits)[0][0].argmax()))
+    done = time.perf_counter()
+    return answers, {"sentences": float(len(unique)), "encode_s": encoded - start,
+                     "head_s": done - encoded}
+
+
+def _write_json(obj: Any, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj) + "\n")
+
+
+def _answers(path: Path, what: str) -> list[int]:
+    data = load_json(path, fix=f"give {what} as a JSON list of way indices")
+    if not isinstance(data, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in data):
+        raise PipelineError(f"{what} {path} is not a JSON list of non-negative integers "
+                            "(one way index per episode)")
+    return data
+
+
+def run_predict(args: argparse.Namespace) -> dict[str, Any]:
+    check_writable(args.out)
+    episodes = parse_episodes(load_json(args.input, fix=(
+        "give --input FewRel's test input: a JSON list of {meta_train, meta_test}")),
+        str(args.input))
+    set_threads(args.threads)
+    device = select_device(args.device, "--device")
+    predictor = Predictor.from_checkpoint(args.checkpoint, device, seed=args.seed,
+                                          batch_size=args.batch_size)
+    answers, timing = predict_episodes(predictor, episodes)
+    _write_json(answers, args.out)
+    total = timing["encode_s"] + timing["head_s"]
+    print(f"{len(episodes)} episodes -> {args.out}: {int(timing['sentences'])} distinct "
+          f"sentences encoded in {timing['encode_s']:.1f}s "
+          f"({timing['sentences'] / max(timing['encode_s'], 1e-9):.1f} sentences/s), "
+          f"heads {timing['head_s']:.1f}s, total {total:.1f}s on {device}")
+    return {"answers": answers, **timing}
+
+
+def run_make(args: argparse.Namespace) -> dict[str, Any]:
+    check_writable(args.out)
+    check_writable(args.answers, "--answers")
+    data = load_json(args.data, fix="give --data a FewRel-format JSON file")
+    inputs, gold = make_episodes(data, args.ways, args.shots, args.episodes, args.seed,
+                                 str(args.data))
+    parse_episodes(inputs, str(args.data))  # the records must be readable, now not later
+    _write_json(inputs, args.out)
+    _write_json(gold, args.answers)
+    print(f"{len(inputs)} {args.ways}-way {args.shots}-shot episodes -> {args.out}, gold "
+          f"answers -> {args.answers}")
+    return {"inputs": inputs, "gold": gold}
+
+
+def run_score(args: argparse.Namespace) -> dict[str, Any]:
+    pred, gold = _answers(args.pred, "--pred"), _answers(args.answers, "--answers")
+    if len(pred) != len(gold):
+        raise PipelineError(f"--pred has {len(pred)} answers but --answers has {len(gold)}; "
+                            "both must have one per episode of the same test input")
+    if not gold:
+        raise PipelineError(f"{args.answers} holds no answers")
+    acc, ci = mean_ci95(np.array(pred) == np.array(gold))
+    print(f"accuracy {acc:.2f} ± {ci:.2f} (95% interval, {len(gold)} episodes)")
+    return {"accuracy": acc, "ci95": ci, "episodes": len(gold)}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="regrab-fewrel-test", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    pr = sub.add_parser("predict", help="write the answer file for a test input")
+    pr.add_argument("--checkpoint", type=Path, required=True,
+                    help="model.safetensors or a folder from regrab-models export")
+    pr.add_argument("--input", type=Path, required=True, help="FewRel test input JSON")
+    pr.add_argument("--out", type=Path, required=True, help="answer file (JSON list of ints)")
+    pr.add_argument("--seed", type=int, default=0, help="seeds the posterior samples")
+    pr.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    pr.add_argument("--batch-size", type=int, default=64, help="sentences per encoder batch")
+    pr.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
+    mk = sub.add_parser("make", help="test input and gold answers from a FewRel-format file")
+    mk.add_argument("--data", type=Path, required=True, help="e.g. val_wiki.json")
+    mk.add_argument("--ways", type=int, default=5)
+    mk.add_argument("--shots", type=int, default=1)
+    mk.add_argument("--episodes", type=int, default=1000)
+    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--out", type=Path, required=True, help="test input JSON to write")
+    mk.add_argument("--answers", type=Path, required=True, help="gold answers JSON to write")
+    sc = sub.add_parser("score", help="accuracy of an answer file against gold answers")
+    sc.add_argument("--pred", type=Path, required=True)
+    sc.add_argument("--answers", type=Path, required=True)
+    return p
+
+
+def fewrel_test(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse the arguments and run one subcommand; returns what it computed."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("--") and argv[0] != "--help":
+        argv = ["predict", *argv]  # the bare form: regrab-fewrel-test --checkpoint ...
+    args = parser().parse_args(argv)
+    return {"predict": run_predict, "make": run_make, "score": run_score}[args.command](args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point ``regrab-fewrel-test``: one ``error:`` line on bad input."""
+    run_cli(fewrel_test, argv)
+
+
+if __name__ == "__main__":
+    main()
