@@ -79,8 +79,8 @@ LABEL_TEMPLATE = ("subject", "object")
 #: Where a way's prior mean came from (counted in reports): the graph (with the relation's
 #: label when the prior reads labels), the relation's name alone, or the shared fallback.
 PRIOR_KINDS = ("graph", "label", "fallback")
-#: A Wikidata property or item id: an identifier, not a name to read.
-_PID = re.compile(r"^[PQ]\d+$")
+#: A Wikidata property or item id, or a bare number: an identifier, not a name to read.
+_PID = re.compile(r"^([PQ]?\d+)$")
 #: SemEval-style argument order, ``Cause-Effect(e1,e2)``.
 _ARG_ORDER = re.compile(r"\(\s*e[12]\s*,\s*e[12]\s*\)\s*$", re.I)
 
@@ -89,7 +89,7 @@ def relation_name(key: str) -> str | None:
     """A readable name from a relation key of a FewRel-format file, or None for an id.
 
     ``gene_found_in_organism`` -> ``gene found in organism``; ``Cause-Effect(e1,e2)`` ->
-    ``cause effect`` (the argument order is not a word); ``P17`` -> None.
+    ``cause effect`` (the argument order is not a word); ``P17`` or ``3`` -> None.
     """
     key = _ARG_ORDER.sub("", key.strip())
     if not key or _PID.match(key):

@@ -163,6 +163,8 @@ def test_text_buffer_travels_in_the_state_dict_without_labels():
     ("Entity-Destination(e2, e1)", "entity destination"),
     ("place of birth", "place of birth"),
     ("P17", None),
+    ("3", None),
+    ("Q42", None),
     ("(e1,e2)", None),
 ])
 def test_relation_names_are_read_from_keys(key, name):
