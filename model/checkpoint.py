@@ -110,7 +110,6 @@ def save_model(path: str | os.PathLike[str], model: FewShotModel, extra: dict[st
     """
     prior = model.prior
     payload = {
-        "format": MODEL_FORMAT,
         "config": model.config.to_dict(),
         "graph_relations": None if prior is None else prior.relations,
         "graph_feature_dim": None if prior is None else int(prior.features.shape[1]),
@@ -125,8 +124,8 @@ def save_payload(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
     """Write a checkpoint payload atomically (a kill never leaves half a file).
 
     The file is safetensors plus JSON (:mod:`model.tensor_file`): loading it runs no code.
+    Its format tag lives in the file's header, not in the payload.
     """
-    payload = {k: v for k, v in payload.items() if k != "format"}
     tensor_file.save(path, payload, MODEL_FORMAT)
 
 
@@ -141,7 +140,6 @@ def read_payload(path: str | os.PathLike[str]) -> dict[str, Any]:
         return model_folder.read(path)
     _, payload = tensor_file.load(path, MODEL_FORMAT, "checkpoint",
                                   "run the train stage to make it")
-    payload["format"] = MODEL_FORMAT
     for key in ("config", "state"):
         if not isinstance(payload.get(key), dict):
             raise PipelineError(f"checkpoint {path} has no {key!r}; retrain it")

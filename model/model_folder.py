@@ -63,7 +63,6 @@ def read(folder: Path) -> dict[str, Any]:
     graph = meta["graph"]
     encoder_dir = folder / "encoder"
     return {
-        "format": FOLDER_FORMAT,
         "config": meta["config"],
         "graph_relations": graph.get("relations"),
         "graph_feature_dim": graph.get("feature_dim"),
