@@ -78,8 +78,7 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
             listed=parsed["instances_per_relation"])
     summary, cfg, methods = result["summary"], result["cfg"], result["methods"]
     relations = summary["relations"]
-    usable = len(relations["relations_scored"])
-    needed = max(s.shots for s in settings) + cfg.queries
+    usable, needed = len(relations["relations_scored"]), result["needed"]
     print(f"{args.data.name}: {result['sentences']} sentences of {usable} relations scored; "
           f"skipped {len(relations['too_few_sentences'])} with < {needed} sentences; "
           f"{len(relations['trained_on'])} trained on "

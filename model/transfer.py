@@ -129,7 +129,8 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
 
     Returns:
         ``summary`` (:func:`pipeline.report.summarise`, plus ``relations``, ``priors`` and
-        ``vs_floor``), ``methods`` and ``cfg`` (the evaluate config used).
+        ``vs_floor``), ``methods``, ``cfg`` (the evaluate config used), ``sentences`` (kept)
+        and ``needed`` (the fewest sentences a scored relation has).
     """
     wanted = methods or list(registry.names())
     unknown = sorted(set(wanted) - set(registry.names()))
@@ -183,4 +184,5 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
     summary["relations"] = relations
     summary["priors"] = priors
     summary["vs_floor"] = vs_floor(per_split)
-    return {"summary": summary, "methods": everywhere, "cfg": cfg, "sentences": table.num_rows}
+    return {"summary": summary, "methods": everywhere, "cfg": cfg, "sentences": table.num_rows,
+            "needed": needed}
