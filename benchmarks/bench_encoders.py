@@ -62,7 +62,7 @@ def main() -> None:
     for name in args.encoders:
         cfg = EncoderConfig(name=name, pooling="markers", markers=True, marker_init="tokens",
                             train_layers=0, max_length=128, dropout=0.0, freeze_top_kv=False,
-                            normalize=0.0)
+                            normalize=0.0, block_norm=False)
         encoder = SentenceEncoder.from_config(cfg).eval()
         tokens = encoder.tokenize(table)
         t0 = time.perf_counter()

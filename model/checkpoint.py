@@ -69,6 +69,10 @@ class RegrabConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "checkpoint config") -> RegrabConfig:
+        encoder = d.get("encoder") if isinstance(d, dict) else None
+        if isinstance(encoder, dict) and "block_norm" not in encoder:
+            # Checkpoints written before block_norm existed normalised the encoding as one.
+            d = {**d, "encoder": {**encoder, "block_norm": False}}
         return parse_section(cls, d, where)
 
 

@@ -55,12 +55,17 @@ class EncoderConfig:
             (embeddings included), ``0`` freezes the encoder.
         max_length: tokens per sentence after truncation around the entities.
         dropout: dropout inside the trained layers (the authors fixed 0.5).
-        freeze_top_kv: with ``train_layers: 1`` and marker pooling, keep the top layer's key
-            and value projections frozen so that they can be cached per sentence too: a step
-            then only runs the two marker queries, the attention output and the feed-forward
-            of the top layer (measured ~10x cheaper than training the whole top layer).
+        freeze_top_kv: with ``train_layers: 1``, keep the top layer's key and value
+            projections frozen so that they can be cached per sentence too: a step then only
+            runs the queries at the tokens the pooling reads (the two markers, and the entity
+            spans' tokens for the mean poolings), the attention output and the feed-forward of
+            the top layer (measured ~10x cheaper than training the whole top layer).
         normalize: when > 0, encodings are L2-normalised and scaled to this norm (dot
             products become scaled cosines); 0 keeps the raw states (paper).
+        block_norm: L2-normalise each H-sized block of the encoding (marker head, marker
+            tail, head mean, tail mean) on its own first, so that no block outweighs the
+            others (the untrained encoder's marker states are far longer than its word
+            states); the encoding keeps unit norm before ``normalize`` scales it.
     """
 
     name: str
@@ -72,15 +77,16 @@ class EncoderConfig:
     dropout: float = field(ge=0, lt=1)
     freeze_top_kv: bool
     normalize: float = field(ge=0)
+    block_norm: bool
 
     def __post_init__(self) -> None:
         if self.pooling in ("markers", "markers_mean") and not self.markers:
             raise PipelineError(f"model.encoder.pooling={self.pooling} needs "
                                 "model.encoder.markers: true")
-        if self.freeze_top_kv and (self.train_layers != 1 or self.pooling != "markers"):
+        if self.freeze_top_kv and self.train_layers != 1:
             raise PipelineError(
-                "model.encoder.freeze_top_kv needs model.encoder.train_layers: 1 and "
-                "model.encoder.pooling: markers"
+                "model.encoder.freeze_top_kv needs model.encoder.train_layers: 1; set "
+                "freeze_top_kv: false to train more layers"
             )
 
 
@@ -387,11 +393,16 @@ class SentenceEncoder(nn.Module):
         return self.finish(torch.cat(parts, dim=-1))  # (B, D)
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
-        """Optional L2 normalisation of the encodings (``normalize``).
+        """Optional L2 normalisation of each block (``block_norm``) and of the whole encoding
+        (``normalize``).
 
         Shapes:
             x: (B, D) -> (B, D)
         """
+        if self.config.block_norm:
+            blocks = x.shape[-1] // self.hidden
+            x = nn.functional.normalize(x.reshape(*x.shape[:-1], blocks, self.hidden), dim=-1)
+            x = x.reshape(*x.shape[:-2], blocks * self.hidden) / blocks ** 0.5
         if self.config.normalize > 0:
             return nn.functional.normalize(x, dim=-1) * self.config.normalize
         return x

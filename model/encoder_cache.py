@@ -8,11 +8,12 @@ layers on the cached states (:func:`upper`).
 
 Two further savings, both exact up to float rounding:
 
-* with marker pooling only the states at ``[E1]`` and ``[E2]`` of the last layer are read, so
-  the last layer runs its queries, attention output and feed-forward on those two tokens
-  alone (:func:`layer_at`; keys and values still see the whole sentence);
+* pooling reads the last layer only at a few tokens (the two markers, the entity spans'
+  tokens; :func:`pool_positions`), so the last layer runs its queries, attention output and
+  feed-forward on those tokens alone (:func:`layer_at`; keys and values still see the whole
+  sentence) and :func:`pool_at` pools them;
 * with ``freeze_top_kv`` the top layer's key and value projections are frozen as well, so the
-  cache keeps its keys|values and its inputs at the two markers instead of the hidden states
+  cache keeps its keys|values and its inputs at those tokens instead of the hidden states
   (:func:`top_kv`), and a step runs :func:`upper_kv` on them.
 
 :func:`encode_rows` and :func:`encode_all` run the encoder's plain forward when all of it
@@ -39,7 +40,8 @@ class FrozenStates:
 
     Attributes:
         hidden: (L_i, H) states after the frozen layers; with ``kv`` set, only the top layer's
-            inputs at the two markers, (2, H), since keys and values cover the rest.
+            inputs at the P_i tokens pooling reads, (P_i, H), since keys and values cover the
+            rest.
         kv: with ``freeze_top_kv``, the top layer's keys|values over the sentence, (L_i, 2 H).
     """
 
@@ -47,9 +49,72 @@ class FrozenStates:
     kv: torch.Tensor | None = None
 
 
-def _marker_positions(batch: dict) -> torch.Tensor:
-    """Positions of ``[E1]`` and ``[E2]``: (B, 2)."""
-    return torch.stack([batch["head"][:, 0], batch["tail"][:, 0]], dim=1)  # (B, 2)
+def _span_lengths(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token counts of the head and tail spans: 2 x (B,)."""
+    return (batch["head"][:, 2] - batch["head"][:, 1],
+            batch["tail"][:, 2] - batch["tail"][:, 1])
+
+
+def _reads_markers(encoder: SentenceEncoder) -> bool:
+    return encoder.config.pooling in ("markers", "markers_mean")
+
+
+def _reads_spans(encoder: SentenceEncoder) -> bool:
+    return encoder.config.pooling in ("entity_mean", "markers_mean")
+
+
+def pool_positions(encoder: SentenceEncoder, batch: dict) -> torch.Tensor:
+    """The token positions the pooling reads, laid out as :func:`pool_at` expects.
+
+    ``[E1]`` and ``[E2]`` first when the pooling reads markers, then the head span's tokens,
+    then the tail span's; rows are right-padded with position 0.
+
+    Shapes:
+        batch["head"]: (B, 3) -> (B, P)
+    """
+    head, tail = batch["head"], batch["tail"]
+    cols = []
+    if _reads_markers(encoder):
+        cols.append(torch.stack([head[:, 0], tail[:, 0]], dim=1))  # (B, 2)
+    if _reads_spans(encoder):
+        nh, nt = _span_lengths(batch)
+        j = torch.arange(max(int((nh + nt).max()), 1), device=head.device)[None, :]  # (1, W)
+        pos = torch.where(j < nh[:, None], head[:, 1:2] + j, tail[:, 1:2] + j - nh[:, None])
+        cols.append(torch.where(j < (nh + nt)[:, None], pos, 0))  # (B, W)
+    return torch.cat(cols, dim=1)  # (B, P)
+
+
+def positions_used(encoder: SentenceEncoder, batch: dict) -> torch.Tensor:
+    """How many of each row's :func:`pool_positions` are real (not padding): (B,)."""
+    n = torch.zeros(batch["head"].shape[0], dtype=torch.long, device=batch["head"].device)
+    if _reads_markers(encoder):
+        n = n + 2
+    if _reads_spans(encoder):
+        nh, nt = _span_lengths(batch)
+        n = n + nh + nt
+    return n
+
+
+def pool_at(encoder: SentenceEncoder, out: torch.Tensor, batch: dict) -> torch.Tensor:
+    """The encoding from the last layer's states at :func:`pool_positions`.
+
+    The same as :meth:`SentenceEncoder.pool` on the whole sentence.
+
+    Shapes:
+        out: (B, P, H) -> (B, D)
+    """
+    parts, m = [], 0
+    if _reads_markers(encoder):
+        parts += [out[:, 0], out[:, 1]]  # 2 x (B, H)
+        m = 2
+    if _reads_spans(encoder):
+        nh, nt = _span_lengths(batch)
+        j = torch.arange(out.shape[1] - m, device=out.device)[None, :]  # (1, W)
+        for lo, n in ((torch.zeros_like(nh), nh), (nh, nt)):
+            inside = (j >= lo[:, None]) & (j < (lo + n)[:, None])  # (B, W)
+            w = inside.to(out.dtype) / inside.sum(1, keepdim=True).clamp(min=1)
+            parts.append(torch.einsum("bw,bwh->bh", w, out[:, m:]))  # (B, H)
+    return encoder.finish(torch.cat(parts, dim=-1))  # (B, D)
 
 
 def _mask(encoder: SentenceEncoder, hidden: torch.Tensor, attention_mask: torch.Tensor):
@@ -93,22 +158,20 @@ def upper(encoder: SentenceEncoder, hidden: torch.Tensor, batch: dict) -> torch.
     mask = _mask(encoder, hidden, batch["attention_mask"])
     for layer in layers[:-1]:
         hidden = layer(hidden, mask)
-    if encoder.config.pooling == "markers":
-        out = layer_at(layers[-1], hidden, batch["attention_mask"], _marker_positions(batch))
-        return encoder.finish(out.reshape(out.shape[0], -1))  # (B, D)
-    return encoder.pool(layers[-1](hidden, mask), batch)
+    out = layer_at(layers[-1], hidden, batch["attention_mask"], pool_positions(encoder, batch))
+    return pool_at(encoder, out, batch)  # (B, D)
 
 
 @torch.no_grad()
 def top_kv(encoder: SentenceEncoder, hidden: torch.Tensor, batch: dict) -> FrozenStates:
-    """Frozen keys|values of the top layer and its inputs at the two markers (cacheable).
+    """Frozen keys|values of the top layer and its inputs at the pooled tokens (cacheable).
 
     Shapes:
-        hidden: (B, L, H) -> FrozenStates(hidden (B, 2, H), kv (B, L, 2H))
+        hidden: (B, L, H) -> FrozenStates(hidden (B, P, H), kv (B, L, 2H))
     """
     att = encoder.layers()[-1].attention.self
-    pos = _marker_positions(batch)
-    picked = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, 2, H)
+    pos = pool_positions(encoder, batch)  # (B, P)
+    picked = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, P, H)
     kv = torch.cat([att.key(hidden), att.value(hidden)], dim=-1)  # (B, L, 2H)
     return FrozenStates(hidden=picked, kv=kv)
 
@@ -118,12 +181,12 @@ def upper_kv(encoder: SentenceEncoder, picked: torch.Tensor, kv: torch.Tensor,
     """Top layer at the two markers from cached keys/values (``freeze_top_kv``).
 
     Shapes:
-        picked: (B, 2, H), kv: (B, L, 2H) -> (B, D)
+        picked: (B, P, H), kv: (B, L, 2H) -> (B, D)
     """
     k, v = kv.chunk(2, dim=-1)  # 2 x (B, L, H)
     out = layer_at(encoder.layers()[-1], None, batch["attention_mask"], None,
-                   picked=picked, kv=(k, v))  # (B, 2, H)
-    return encoder.finish(out.reshape(out.shape[0], -1))  # (B, D)
+                   picked=picked, kv=(k, v))  # (B, P, H)
+    return pool_at(encoder, out, batch)  # (B, D)
 
 
 def layer_at(
@@ -178,9 +241,10 @@ def pad_hidden(states: list[torch.Tensor]) -> torch.Tensor:
 class LowerCache:
     """Outputs of the frozen part per sentence, computed once and shared between models.
 
-    The key is the frozen part's identity (model, markers, split point, kv caching) plus the
-    sentence's token ids, so the same sentence in several splits (or methods) is encoded
-    once, and a sentence id reused for another text can never hit a stale entry.
+    The key is the frozen part's identity (model, markers, split point, kv caching and, with
+    kv caching, the pooling) plus the sentence's token ids and entity spans, so the same
+    sentence in several splits (or methods) is encoded once, and a sentence id reused for
+    another text can never hit a stale entry.
     """
 
     def __init__(self) -> None:
@@ -189,7 +253,12 @@ class LowerCache:
     @staticmethod
     def _frozen_key(encoder: SentenceEncoder) -> tuple:
         c = encoder.config
-        return (c.name, c.markers, c.marker_init, encoder.split, encoder.kv_cached)
+        pooling = c.pooling if encoder.kv_cached else None  # which tokens are kept
+        return (c.name, c.markers, c.marker_init, encoder.split, encoder.kv_cached, pooling)
+
+    @staticmethod
+    def _key(fk: tuple, tokens: TokenizedSet, i: int) -> tuple:
+        return (fk, tokens.ids[i].tobytes(), tokens.head[i].tobytes(), tokens.tail[i].tobytes())
 
     def __len__(self) -> int:
         return len(self._states)
@@ -208,7 +277,7 @@ class LowerCache:
             rows: (B,) -> B entries (see :class:`FrozenStates`)
         """
         fk = self._frozen_key(encoder)
-        keys = [(fk, tokens.ids[i].tobytes()) for i in rows]
+        keys = [self._key(fk, tokens, i) for i in rows]
         todo = sorted({i for i, k in zip(rows, keys, strict=True) if k not in self._states},
                       key=lambda i: len(tokens.ids[i]))
         starts = range(0, len(todo), batch_size)
@@ -223,14 +292,16 @@ class LowerCache:
             hidden = lower(encoder, batch)  # (B, L, H)
             if encoder.kv_cached:
                 top = top_kv(encoder, hidden, batch)
-                picked, kv = top.hidden.cpu(), top.kv.cpu()  # (B, 2, H), (B, L, 2H)
+                picked, kv = top.hidden.cpu(), top.kv.cpu()  # (B, P, H), (B, L, 2H)
+                used = positions_used(encoder, batch).cpu()  # (B,)
             else:
                 hidden = hidden.cpu()
             for j, i in enumerate(part):
                 n = len(tokens.ids[i])
-                key = (fk, tokens.ids[i].tobytes())
+                key = self._key(fk, tokens, i)
                 if encoder.kv_cached:
-                    self._states[key] = FrozenStates(picked[j].clone(), kv[j, :n].clone())
+                    self._states[key] = FrozenStates(picked[j, : used[j]].clone(),
+                                                     kv[j, :n].clone())
                 else:
                     self._states[key] = FrozenStates(hidden[j, :n].clone())
         return [self._states[k] for k in keys]
@@ -266,7 +337,7 @@ def encode_rows(
         states = cache.states(encoder, tokens, part)
         hidden = [st.hidden for st in states]
         if encoder.kv_cached:
-            picked = torch.stack(hidden).to(device)  # (B, 2, H)
+            picked = pad_hidden(hidden).to(device)  # (B, P, H)
             kv = pad_hidden([st.kv for st in states]).to(device)  # (B, L, 2H)
             out.append(upper_kv(encoder, picked, kv, batch))
         else:

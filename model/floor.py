@@ -52,5 +52,5 @@ def floor_encoder(like: EncoderConfig, device: str | torch.device) -> SentenceEn
     frozen-layer states (unless they cache top-layer keys/values instead).
     """
     cfg = dataclasses.replace(like, pooling="entity_mean", dropout=0.0, freeze_top_kv=False,
-                              normalize=0.0)
+                              normalize=0.0, block_norm=False)
     return SentenceEncoder.from_config(cfg).to(device).eval()

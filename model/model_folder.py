@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from model import tensor_file
-from model.encoder import EncoderConfig
 from model.encoder_files import quiet_transformers, resolve_encoder_path
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_dir
@@ -145,10 +144,9 @@ def export(payload: dict[str, Any], checkpoint: Path, out: Path,
         tensor_file.save_tensors(tmp / "model.safetensors", payload["state"])
         (tmp / "config.json").write_text(json.dumps(meta, indent=1) + "\n")
         if with_encoder:
-            enc = EncoderConfig(**config["encoder"])
             from transformers import AutoModel, AutoTokenizer
 
-            path = resolve_encoder_path(enc.name)
+            path = resolve_encoder_path(str(config["encoder"]["name"]))
             with quiet_transformers():
                 AutoTokenizer.from_pretrained(path).save_pretrained(tmp / "encoder")
                 AutoModel.from_pretrained(path, add_pooling_layer=False).save_pretrained(

@@ -57,6 +57,9 @@ class TrainConfig:
         threads: torch intra-op threads (0 = torch default). On our shared 2-core machine
             two OpenMP threads made every small op wait for a busy core: a cached-encoding
             step took 0.95 s with 2 threads and 0.06 s with 1 (benchmarks/bench_train.py).
+        wise_ft: weight of the trained encoder in the model that is validated and saved,
+            the rest being the pre-trained weights (WiSE-FT, Wortsman et al., 2022); training
+            itself goes on from the unmixed weights. 1 keeps the trained encoder as it is.
     """
 
     methods: tuple[str, ...]
@@ -83,6 +86,7 @@ class TrainConfig:
     dvclive: bool
     evidence_weight: float = field(ge=0)
     threads: int = field(ge=0)
+    wise_ft: float = field(gt=0, le=1)
 
     def __post_init__(self) -> None:
         for s in (*self.val_settings, *self.per_setting):

@@ -12,9 +12,11 @@ Shapes: see :mod:`model` (B episodes, N ways, K shots, Q queries, D encoding siz
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,28 @@ class Run:
     best: float = -1.0
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     labels: LabelText | None = None
+    pretrained: dict[str, torch.Tensor] | None = None  # trainable encoder weights at the start
+
+
+@contextlib.contextmanager
+def weights_for_use(run: Run) -> Iterator[None]:
+    """The encoder as it is validated and saved: with ``train.wise_ft`` < 1 its trained
+    weights mixed with the pre-trained ones (WiSE-FT), put back as they were afterwards."""
+    if run.pretrained is None:
+        yield
+        return
+    alpha = run.sched.wise_ft
+    params = dict(run.model.encoder.named_parameters())
+    trained = {n: params[n].detach().clone() for n in run.pretrained}
+    with torch.no_grad():
+        for n, w0 in run.pretrained.items():
+            params[n].mul_(alpha).add_(w0, alpha=1 - alpha)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for n, w in trained.items():
+                params[n].copy_(w)
 
 
 def lr_lambda(steps: int, warmup: float):
@@ -162,6 +186,10 @@ def prepare(split_dir: Path, method: str, model_params: ModelParams, sched: Trai
         model.prior.start_at(encode_all(model.encoder, train_tok, cache,
                                         sched.encode_batch).mean(0))
     optimizer = make_optimizer(model, sched)
+    pretrained = None
+    if sched.wise_ft < 1:
+        pretrained = {n: p.detach().clone() for n, p in model.encoder.named_parameters()
+                      if p.requires_grad}
     return Run(
         model=model, method=method, name=f"{split_dir.name}/{method}", sched=sched,
         train_tok=train_tok, val_tok=val_tok, train_s=train_s, val_s=val_s, ways=ways,
@@ -170,7 +198,7 @@ def prepare(split_dir: Path, method: str, model_params: ModelParams, sched: Trai
                                                                           sched.warmup)),
         rng=np.random.default_rng(int(seeds[1])),
         noise=torch.Generator(device=device).manual_seed(int(seeds[2])),
-        val_seed=int(seeds[1]), labels=labels,
+        val_seed=int(seeds[1]), labels=labels, pretrained=pretrained,
     )
 
 
@@ -280,17 +308,18 @@ def train(run: Run, out_dir: Path, params: dict[str, Any], live: Any = None,
         if live is not None:
             live.log_metric("train/loss", loss)
         if run.step % sched.val_every == 0 or run.step == sched.steps:
-            acc = validate(run)
-            run.history[-1]["val_acc"] = acc
-            if live is not None:
-                live.log_metric("val/acc", acc)
-            if acc > run.best:
-                run.best = acc
-                # The relations it saw, so scoring on other data can flag overlaps.
-                seen = {"train": run.train_s.relations, "val": run.val_s.relations}
-                save_model(best_path, run.model, {"params": params, "step": run.step,
-                                                  "val_acc": acc, "done": False,
-                                                  "relations": seen})
+            with weights_for_use(run):
+                acc = validate(run)
+                run.history[-1]["val_acc"] = acc
+                if live is not None:
+                    live.log_metric("val/acc", acc)
+                if acc > run.best:
+                    run.best = acc
+                    # The relations it saw, so scoring on other data can flag overlaps.
+                    seen = {"train": run.train_s.relations, "val": run.val_s.relations}
+                    save_model(best_path, run.model, {"params": params, "step": run.step,
+                                                      "val_acc": acc, "done": False,
+                                                      "relations": seen})
         if live is not None:
             live.next_step()
         if run.step % sched.checkpoint_every == 0 or run.step == sched.steps:

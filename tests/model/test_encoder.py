@@ -11,6 +11,7 @@ from model.encoder import (
 )
 from model.encoder_cache import FrozenStates, LowerCache, encode_all, encode_rows
 from pipeline.errors import PipelineError
+from tests.conftest import project_params
 from tests.model.tiny_regrab import tiny_encoder, toy_table
 
 
@@ -22,7 +23,8 @@ def tiny_dir(tmp_path_factory):
 def _cfg(**kw) -> EncoderConfig:
     """A full config (dataclasses carry no defaults); these were the old defaults."""
     base = dict(name="minilm", pooling="markers", markers=True, marker_init="tokens",
-                train_layers=2, max_length=128, dropout=0.1, freeze_top_kv=False, normalize=0.0)
+                train_layers=2, max_length=128, dropout=0.1, freeze_top_kv=False, normalize=0.0,
+                block_norm=False)
     return EncoderConfig(**{**base, **kw})
 
 
@@ -131,6 +133,41 @@ def test_frozen_top_kv_cache_matches_and_trains_queries(tiny_dir):
         _cfg(train_layers=2, freeze_top_kv=True)
 
 
+@pytest.mark.parametrize("pooling", ["markers", "entity_mean", "markers_mean"])
+@pytest.mark.parametrize("kv", [False, True])
+@pytest.mark.parametrize("block_norm", [False, True])
+def test_cached_paths_equal_plain_forward_for_every_pooling(tiny_dir, pooling, kv, block_norm):
+    """The top layer run only at the pooled tokens (and from cached keys/values) must give the
+    whole model's encoding, including rows whose spans differ in length."""
+    enc = _encoder(tiny_dir, train_layers=1, pooling=pooling, freeze_top_kv=kv,
+                   block_norm=block_norm, normalize=3.0).eval()
+    tok = enc.tokenize(toy_table(["P1", "P2", "P3"], 4, seed=5))
+    lengths = {int(h[2] - h[1] + t[2] - t[1]) for h, t in zip(tok.head, tok.tail, strict=True)}
+    assert len(lengths) > 1  # the padding of the span positions is exercised
+    plain = enc(tok.batch(np.arange(12)))
+    cache = LowerCache()
+    assert torch.allclose(encode_rows(enc, tok, np.arange(12), cache, batch_size=5), plain,
+                          atol=1e-5)
+    assert torch.allclose(encode_rows(enc, tok, np.arange(12)[::-1], cache),
+                          plain.flip(0), atol=1e-5)  # read back from the cache
+    assert torch.allclose(encode_rows(enc, tok, np.arange(12), None), plain, atol=1e-5)
+    if block_norm:
+        blocks = plain.reshape(12, -1, enc.hidden).norm(dim=-1)  # every block the same length
+        assert torch.allclose(blocks, blocks[:, :1].expand_as(blocks), atol=1e-4)
+
+
+def test_kv_cache_keeps_pooling_apart(tiny_dir):
+    """Two kv-cached encoders that read different tokens never share cache entries."""
+    tok_rows = toy_table(["P1"], 3, seed=6)
+    cache = LowerCache()
+    for pooling in ("markers", "markers_mean"):
+        enc = _encoder(tiny_dir, train_layers=1, pooling=pooling, freeze_top_kv=True).eval()
+        tok = enc.tokenize(tok_rows)
+        assert torch.allclose(encode_rows(enc, tok, np.arange(3), cache),
+                              enc(tok.batch(np.arange(3))), atol=1e-5)
+    assert len(cache) == 6
+
+
 def test_cache_stores_one_type(tiny_dir):
     for kw in ({"train_layers": 1}, {"train_layers": 1, "freeze_top_kv": True}):
         enc = _encoder(tiny_dir, **kw).eval()
@@ -231,3 +268,12 @@ def test_non_bert_layers_freeze_whole_or_train_whole(tmp_path):
     with pytest.raises(PipelineError, match="train_layers to 0"):
         _encoder(folder, train_layers=1)
     _encoder(folder, train_layers=-1)
+
+
+def test_checkpoint_configs_from_before_block_norm_still_load():
+    from model.checkpoint import RegrabConfig
+
+    old = project_params()["model"]
+    old = {"method": "regrab", **old}
+    del old["encoder"]["block_norm"]
+    assert RegrabConfig.from_dict(old).encoder.block_norm is False

@@ -177,7 +177,7 @@ def _tiny_encoder(tmp_path):
 
     cfg = EncoderConfig(name=str(tiny_encoder(tmp_path / "bert")), pooling="markers",
                         markers=True, marker_init="tokens", train_layers=0, max_length=32,
-                        dropout=0.0, freeze_top_kv=False, normalize=0.0)
+                        dropout=0.0, freeze_top_kv=False, normalize=0.0, block_norm=False)
     return SentenceEncoder.from_config(cfg).eval()
 
 

@@ -213,3 +213,27 @@ def test_settings_that_do_not_change_the_model_do_not_retrain(inputs, tmp_path, 
     # A setting that changes what is learned does retrain.
     _run(inputs, out, lr_encoder=3e-4)
     assert model.read_bytes() != before
+
+
+def test_wise_ft_saves_the_mix_of_trained_and_pretrained_encoder(inputs, tmp_path):
+    """With ``wise_ft`` the saved encoder is alpha * trained + (1 - alpha) * pre-trained, and
+    training itself is not changed by the mixing at validation."""
+    from model.checkpoint import RegrabConfig
+    from model.encoder import SentenceEncoder
+
+    kw = {"val_every": 4, "steps": 4, "methods": ["proto"]}  # one validation: same best step
+    _run(inputs, tmp_path / "plain", wise_ft=1.0, **kw)
+    _run(inputs, tmp_path / "mixed", wise_ft=0.25, **kw)
+    plain = read_payload(tmp_path / "plain/split_0/proto/model.safetensors")
+    mixed = read_payload(tmp_path / "mixed/split_0/proto/model.safetensors")
+    assert plain["step"] == mixed["step"] == 4
+    pre = SentenceEncoder.from_config(RegrabConfig.from_dict(plain["config"]).encoder)
+    pre = pre.state_dict()
+    names = [k for k in plain["state"] if k.startswith("encoder.")]
+    assert names
+    moved = 0
+    for k in names:
+        w0, w1 = pre[k[len("encoder."):]], plain["state"][k]
+        assert torch.allclose(mixed["state"][k], 0.25 * w1 + 0.75 * w0, atol=1e-6), k
+        moved += not torch.allclose(w1, w0)
+    assert moved  # training did change the encoder, so the mix is not trivially equal
