@@ -38,9 +38,10 @@ import pyarrow as pa
 import torch
 
 from model import registry
+from model.calibration import fit_temperature, tempered
 from model.checkpoint import load_model, model_file
 from model.encoder_cache import LowerCache, encode_all
-from model.episodes import EpisodeSampler, Setting
+from model.episodes import Episodes, EpisodeSampler, Setting
 from model.floor import CosinePrototypeHead, floor_encoder
 from model.graph_prior import PRIOR_KINDS, GraphPrior, relation_name
 from model.nota import NotaEpisodes, sample_nota
@@ -90,6 +91,9 @@ class EvalConfig:
         read_names: a relation outside a REGRAB model's graph gets a prior read from its
             name (the split's ``relation_name``: a Wikidata label, or a key such as
             ``Cause-Effect(e1,e2)``) instead of the shared fallback vector.
+        temperature_episodes: validation episodes per setting and split on which each model
+            gets a temperature (:mod:`model.calibration`), reported as the ECE after
+            temperature scaling; 0 turns it off (so does a split without ``val.parquet``).
     """
 
     methods: tuple[str, ...]
@@ -108,6 +112,7 @@ class EvalConfig:
     nota_settings: tuple[str, ...]
     nota_episodes: int = field(ge=1)
     read_names: bool
+    temperature_episodes: int = field(ge=0)
 
     def __post_init__(self) -> None:
         if not self.settings:
@@ -125,6 +130,10 @@ class EvalConfig:
     @property
     def nota(self) -> bool:
         return bool(self.nota_rates and self.nota_settings)
+
+    @property
+    def needs_val(self) -> bool:
+        return self.nota or self.temperature_episodes > 0
 
 
 def nota_key(setting: str, rate: float) -> str:
@@ -207,14 +216,27 @@ class SplitEpisodes:
         self.priors: dict[str, dict[str, int]] = {}
         self.nota_test: dict[str, list[NotaEpisodes]] = {}
         self.nota_val: dict[str, list[NotaEpisodes]] = {}
-        if not cfg.nota:
-            return
+        #: Validation episodes per reported setting, to fit a temperature on.
+        self.calib: dict[str, Episodes] = {}
         if val is None:
-            raise PipelineError(f"{split} has no validation sentences to choose NOTA thresholds "
-                                "on; set evaluate.nota_rates to []")
+            if cfg.nota:
+                raise PipelineError(f"{split} has no validation sentences to choose NOTA "
+                                    "thresholds on; set evaluate.nota_rates to []")
+            return
         self.val = EpisodeSampler(val.column("relation").to_pylist(),
                                   f"{split} validation split")
         self.table = pa.concat_tables([test, val])  # val rows follow the test rows
+        if cfg.temperature_episodes > 0 and len(self.val.relations) >= 2:
+            for name in cfg.settings:
+                s = Setting.parse(name)
+                if s.shots == 0:
+                    continue
+                rng = np.random.default_rng([cfg.seed, split_index, 3000 + self.key(name)])
+                self.calib[name] = self.val.sample(
+                    rng, min(s.ways, len(self.val.relations)), s.shots, cfg.queries,
+                    cfg.temperature_episodes)
+        if not cfg.nota:
+            return
         for i, name in enumerate(cfg.nota_settings):
             s = Setting.parse(name)
             val_ways = min(s.ways, len(self.val.relations) - 1)
@@ -233,9 +255,11 @@ class SplitEpisodes:
         """The episodes of the split folder ``split_dir`` (its ``test.parquet``, and
         ``val.parquet`` when ``cfg.nota``)."""
         test = read_fewshot(split_dir / "test.parquet")
+        has_val = (split_dir / "val.parquet").is_file()
         if not cfg.nota:
-            return cls(split_dir.name, test, cfg, split_index)
-        if not (split_dir / "val.parquet").is_file():
+            val = read_fewshot(split_dir / "val.parquet") if cfg.needs_val and has_val else None
+            return cls(split_dir.name, test, cfg, split_index, val)
+        if not has_val:
             raise PipelineError(f"{split_dir} has no val.parquet to choose NOTA thresholds on; "
                                 "rerun the split stage or set evaluate.nota_rates to []")
         return cls(split_dir.name, test, cfg, split_index, read_fewshot(split_dir / "val.parquet"))
@@ -286,6 +310,9 @@ class SplitEpisodes:
                 cfg.batch_episodes, _generator(enc.device, cfg.seed, self.index, self.key(name)))
             if name in cfg.settings:
                 cells[name] = cell(scores_from_log_probs(log_p[:, :width], label), bins)
+                if name in self.calib:
+                    cells[name].update(self._tempered(head, enc, rows_of, name,
+                                                      log_p[:, :width], label, bins))
             if not extra:
                 continue
             val_eps = self.nota_val[name]
@@ -309,6 +336,24 @@ class SplitEpisodes:
                     "outside": float((extra[j].label == OUTSIDE).mean()),
                     "val_ways": int(val_eps[j].relation.shape[1])}
         return cells, nota
+
+
+    def _tempered(self, head: torch.nn.Module, enc: torch.Tensor,
+                  rows_of: Callable[[list[str]], torch.Tensor], name: str, log_p: np.ndarray,
+                  label: np.ndarray, bins: int) -> dict[str, float]:
+        """The temperature fitted on this setting's validation episodes, and the test ECE
+        after scaling by it (accuracy is unchanged)."""
+        ep = self.calib[name]
+        query, val_label = flat_queries(ep.query)
+        val_log_p, _ = score_episodes(
+            head, enc[self.n_test:], ep.relation, ep.support, query, val_label,
+            rows_of(self.val.relations), self.cfg.batch_episodes,
+            _generator(enc.device, self.cfg.seed, self.index, 3000 + self.key(name)))
+        tau = fit_temperature(torch.from_numpy(np.asarray(val_log_p)), val_label)
+        scaled = tempered(torch.from_numpy(np.asarray(log_p)), tau).numpy()
+        ts = scores_from_log_probs(scaled, label)
+        return {"ece_ts": expected_calibration_error(ts.confidence, ts.correct, bins),
+                "temperature": tau}
 
 
 def _no_graph(relations: list[str]) -> torch.Tensor:

@@ -109,6 +109,11 @@ def summarise(per_split: dict[str, dict[str, dict[str, dict[str, Any]]]],
                         "per_split": {s: c["ece"] for s, c in by_split.items()}},
                 "aurc": {**interval(c["aurc"] for c in by_split.values()),
                          "per_split": {s: c["aurc"] for s, c in by_split.items()}},
+                **({"ece_ts": {**interval(c["ece_ts"] for c in by_split.values()),
+                               "per_split": {s: c["ece_ts"] for s, c in by_split.items()},
+                               "temperature": {s: c["temperature"]
+                                               for s, c in by_split.items()}}}
+                   if all("ece_ts" in c for c in by_split.values()) else {}),
                 "bins": {"count": bins["count"].tolist(),
                          "confidence": (bins["confidence"] / count).tolist(),
                          "accuracy": (bins["correct"] / count).tolist()}}
@@ -170,8 +175,11 @@ def headline_metrics(report: dict[str, Any], benchmark: str,
             for k, row in report["paired"].items()}
     ece = {m: {s: _r(c["ece"]["mean"]) for s, c in row.items()}
            for m, row in report["calibration"].items() if m in calibrated}
+    ece_ts = {m: {s: _r(c["ece_ts"]["mean"]) for s, c in row.items() if "ece_ts" in c}
+              for m, row in report["calibration"].items() if m in calibrated}
     nota = {m: {k: _r(c["mean"]) for k, c in row.items()} for m, row in report["nota"].items()}
-    out = {benchmark: acc, "paired": pair, "ece": ece, "nota": nota}
+    out = {benchmark: acc, "paired": pair, "ece": ece,
+           "ece_ts": {m: row for m, row in ece_ts.items() if row}, "nota": nota}
     return {k: v for k, v in out.items() if v}
 
 
@@ -236,6 +244,15 @@ def markdown_report(report: dict[str, Any], settings: list[str], note: str) -> s
         [m] + [f"ECE {_pm(row[s]['ece']['mean'], row[s]['ece']['ci95'])}; AURC "
                f"{_pm(row[s]['aurc']['mean'], row[s]['aurc']['ci95'])}" if s in row else "–"
                for s in settings] for m, row in cal.items()])
+    scaled = {m: row for m, row in cal.items() if any("ece_ts" in c for c in row.values())}
+    if scaled:
+        lines += ["", "ECE % after temperature scaling (one temperature per model, setting and "
+                  "split, fitted on validation relations; accuracy unchanged), mean ± t 95% CI",
+                  ""]
+        lines += _table(["method", *settings], [
+            [m] + [_pm(row[s]["ece_ts"]["mean"], row[s]["ece_ts"]["ci95"])
+                   if "ece_ts" in row.get(s, {}) else "–" for s in settings]
+            for m, row in scaled.items()])
     if report["nota"]:
         keys = list(dict.fromkeys(k for row in report["nota"].values() for k in row))
         lines += ["", "None-of-the-above accuracy % (threshold chosen per split on validation "

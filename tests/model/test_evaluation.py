@@ -32,7 +32,11 @@ def test_episodes_from_a_table_are_those_read_from_the_split_folder(tmp_path):
     cfg = config()
     read = SplitEpisodes.read(split, cfg, 3)
     given = SplitEpisodes("split_0", read_fewshot(split / "test.parquet"), cfg, 3)
-    assert read.name == given.name == "split_0" and read.val is None
+    assert read.name == given.name == "split_0" and given.val is None
+    # The folder's validation relations are read for temperature scaling (not the test ones).
+    assert cfg.temperature_episodes > 0 and set(read.calib) == {
+        s for s in cfg.settings if not s.endswith("w0s")}
+    assert not set(read.val.relations) & set(read.test.relations)
     for name in cfg.settings:
         for part in ("relation", "support", "query"):
             np.testing.assert_array_equal(getattr(read.plain[name], part),

@@ -49,7 +49,7 @@ def test_tiny_end_to_end_writes_metrics_reports_and_plots(tmp_path):
     out = _evaluate(tmp_path, splits, p)
     metrics = json.loads((tmp_path / "metrics" / "nyt25.json").read_text())
     assert metrics == out
-    assert list(metrics) == ["nyt25", "paired", "ece", "nota"]
+    assert list(metrics) == ["nyt25", "paired", "ece", "ece_ts", "nota"]
     acc = metrics["nyt25"]
     assert set(acc) == {"regrab", "regrab_no_prior", "mtb", "proto", "floor"}
     assert set(acc["regrab"]) == set(settings)  # zero-shot only for regrab
@@ -62,6 +62,10 @@ def test_tiny_end_to_end_writes_metrics_reports_and_plots(tmp_path):
     assert set(diff) == {"diff", "ci95"}
     assert diff["diff"] == pytest.approx(acc["mtb"]["2w1s"] - acc["regrab"]["2w1s"], abs=0.02)
     assert set(metrics["ece"]) == {"regrab", "regrab_no_prior", "mtb", "proto"}  # no floor
+    # Temperature scaling: every trained method, the few-shot settings (fitted on 2-way
+    # validation episodes: the toy split has 2 validation relations).
+    assert set(metrics["ece_ts"]) == set(metrics["ece"])
+    assert set(metrics["ece_ts"]["proto"]) == {"2w1s", "3w2s"}
     assert set(metrics["nota"]["floor"]) == {"2w1s_r25", "2w1s_r50"}
     full = json.loads((tmp_path / "metrics" / "nyt25_report.json").read_text())
     assert full["splits"] == ["split_0", "split_1"]
@@ -72,8 +76,12 @@ def test_tiny_end_to_end_writes_metrics_reports_and_plots(tmp_path):
     assert set(thresholds) == {"acc", "threshold", "abstained", "outside", "val_ways"}
     assert thresholds["outside"] == 0.5 and thresholds["val_ways"] == 1  # toy val: 2 relations
     assert len(full["calibration"]["proto"]["3w2s"]["bins"]["count"]) == 15
+    ts = full["calibration"]["proto"]["3w2s"]["ece_ts"]
+    assert set(ts["temperature"]) == {"split_0", "split_1"}
+    assert all(0.04 < t < 21 for t in ts["temperature"].values())
     md = (tmp_path / "metrics" / "nyt25.md").read_text()
     assert "| regrab |" in md and "t 95% CI" in md and "None-of-the-above" in md
+    assert "after temperature scaling" in md
     plots = tmp_path / "plots"
     for png in ("nyt25.png", "nyt25_reliability.png"):
         assert (plots / png).read_bytes()[:4] == b"\x89PNG"
