@@ -266,13 +266,15 @@ class Predictor:
         if not self.model.head.couples_ways:  # prototype heads, or a factorised posterior
             return shots, ("unequal K: ways run in groups of equal K (exact: each way's "
                            "prototype depends on its own support only)")
-        likelihood = self.model.config.langevin.likelihood
+        method = self.model.config.method
+        why = (f"{self.model.config.langevin.likelihood} likelihood" if method == "regrab"
+               else f"method {method}")
         if 0 in shots:
             raise PipelineError(
-                f"this checkpoint's {likelihood} likelihood couples the ways, so zero-shot "
+                f"this checkpoint's {why} couples the ways, so zero-shot "
                 "relations cannot be mixed with few-shot ones; predict them in separate runs")
         k = min(shots)
-        return [k] * len(shots), (f"unequal K: the {likelihood} likelihood couples the ways, "
+        return [k] * len(shots), (f"unequal K: the {why} couples the ways, "
                                   f"so every way uses its first K={k} sentences")
 
     @torch.no_grad()

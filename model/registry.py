@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 MODULES = (
     "model.regrab",
     "model.baselines",
+    "model.proto_label",
+    "model.maml",
+    "model.versa",
+    "model.bmaml",
+    "model.gnn",
+    "model.snail",
 )
 
 

@@ -86,7 +86,7 @@ def test_bad_inputs_are_one_line_errors(trained, tmp_path):
         (["--data", str(not_fewrel)], "not FewRel-format|expected a JSON object"),
         (["--data", str(tmp_path / "missing.json")], "not found"),
         (["--data", str(two), "--settings", "5w1s"], "fewer than the ways"),
-        (["--data", str(two), "--methods", "maml"], "--methods"),
+        (["--data", str(two), "--methods", "no_such_method"], "--methods"),
         (["--data", str(two), "--models", str(tmp_path)], "no split_"),
     ]
     for extra, message in cases:

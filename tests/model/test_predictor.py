@@ -253,7 +253,7 @@ def test_unequal_shots_group_exactly(folder, table):
     cfg = proto.model.config.langevin
     want = torch.softmax(similarity_logits(enc, means, cfg.similarity, cfg.temperature), -1)
     want = want.detach()
-    np.testing.assert_allclose(got.probs, want.numpy(), atol=1e-6)
+    np.testing.assert_allclose(got.probs, want.numpy(), atol=1e-5)  # float32 sums in another order
     assert np.all(got.mutual_information == 0)
     # Euclidean, K = 1: a support sentence is at distance 0 from its own prototype
     one = _support(table, [1, 1, 1])

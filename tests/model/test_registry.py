@@ -4,16 +4,13 @@ import json
 
 import pytest
 import torch
-import yaml
 from torch import nn
 
 from model import registry
-from model.checkpoint import load_model
 from model.langevin import similarity_logits
 from model.registry import Head, Method
-from stages import evaluate, train
 from tests.conftest import project_params
-from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits
+from tests.model.tiny_regrab import registered, train_evaluate_reload
 
 
 class MedianHead(nn.Module):
@@ -49,40 +46,16 @@ class MedianHead(nn.Module):
 
 @pytest.fixture
 def toy_method():
-    method = registry.register(Method("median_toy", MedianHead, "median prototypes (test)"))
-    yield method
-    registry._REGISTRY.pop("median_toy")
+    with registered(Method("median_toy", MedianHead, "median prototypes (test)")) as methods:
+        yield methods[0]
 
 
 def test_a_registered_method_trains_evaluates_and_loads(toy_method, tmp_path):
     assert isinstance(MedianHead(None, None, 4), Head)
-    enc = tiny_encoder(tmp_path / "bert")
-    splits = toy_splits(tmp_path / "splits")
-    graph, features = toy_graph(tmp_path)
-    params = project_params(**{
-        "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
-                              "normalize": 5.0}},
-        "train": {"methods": ["median_toy", "proto"], "steps": 3, "queries": 2, "ways": [2, 3],
-                  "shots": [1, 2],
-                  "val_every": 3, "val_episodes": 3, "val_settings": ["2w1s"],
-                  "dvclive": False, "device": "cpu"},
-        "evaluate": {"methods": ["median_toy", "proto"], "settings": ["2w1s", "3w2s"],
-                     "episodes": 5, "queries": 2, "device": "cpu", "nota_rates": []},
-    })
-    p = tmp_path / "params.yaml"
-    p.write_text(yaml.safe_dump(params))
-    train.main(["--splits", str(splits), "--graph", str(graph), "--features", str(features),
-                "--relations", str(labels_of(graph)), "--out", str(tmp_path / "models"),
-                "--params", str(p)])
-    path = tmp_path / "models" / "split_0" / "median_toy" / "model.safetensors"
-    model, _ = load_model(path)
+    model, metrics = train_evaluate_reload(tmp_path, ["median_toy", "proto"])
     assert isinstance(model.head, MedianHead) and model.config.method == "median_toy"
     before = float(MedianHead(None, None, 4).log_scale)
     assert float(model.head.log_scale) != before  # its parameter trained
-    metrics = evaluate.main([
-        "--splits", str(splits), "--models", str(tmp_path / "models"),
-        "--metrics", str(tmp_path / "m.json"), "--plot", str(tmp_path / "p.png"),
-        "--params", str(p)])
     assert set(metrics["nyt25"]) >= {"median_toy", "proto"}
     assert "median_toy_minus_regrab" not in json.dumps(metrics)  # no regrab here to pair with
     assert 0 <= metrics["nyt25"]["median_toy"]["2w1s"] <= 100

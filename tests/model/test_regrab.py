@@ -121,9 +121,9 @@ def test_baselines_through_the_same_path():
     assert isinstance(no_prior, RegrabHead)
     with pytest.raises(PipelineError, match="temprature"):
         model_config(langevin={"temprature": 3})
-    with pytest.raises(PipelineError, match="maml"):
-        config_for_method(model_config().encoder and
-                          __import__("tests.conftest").conftest.project_params()["model"], "maml")
+    with pytest.raises(PipelineError, match="no_such"):
+        config_for_method(__import__("tests.conftest").conftest.project_params()["model"],
+                          "no_such")
 
 
 def test_checkpoint_from_before_the_label_prior_loads_as_graph_only(tmp_path):
