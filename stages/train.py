@@ -175,20 +175,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"nothing to train: train.per_setting {list(cfg.per_setting)} is zero-shot only, "
             f"and none of train.methods {list(cfg.methods)} has zero-shot models; add a "
             "setting with shots (e.g. 5w1s) or a zero-shot method (regrab)")
-    for si, split_dir in enumerate(split_dirs(args.splits, cfg.splits)):
-        for method in cfg.methods:
-            for j, setting in enumerate(settings):
-                if (setting is not None and setting.shots == 0
-                        and not registry.get(method).zero_shot):
-                    continue
-                out = args.out / split_dir.name / method
-                out = out if setting is None else out / setting.name
-                # The method's place in the registry is part of its seed.
-                summary = train_one(split_dir, method, out, model_params, cfg, inputs, graph,
-                                    device, tokens, lower_cache,
-                                    (si, registry.names().index(method), j), setting=setting)
-                log.info("%s", summary)
-                summaries.append(summary)
+    jobs = [(si, split_dir, method, j, setting)
+            for si, split_dir in enumerate(split_dirs(args.splits, cfg.splits))
+            for method in cfg.methods for j, setting in enumerate(settings)
+            if setting is None or setting.shots > 0 or registry.get(method).zero_shot]
+    trained: list[float] = []  # seconds of the models trained (not reused) so far
+    for done, (si, split_dir, method, j, setting) in enumerate(jobs, start=1):
+        out = args.out / split_dir.name / method
+        out = out if setting is None else out / setting.name
+        start = time.perf_counter()
+        # The method's place in the registry is part of its seed.
+        summary = train_one(split_dir, method, out, model_params, cfg, inputs, graph,
+                            device, tokens, lower_cache,
+                            (si, registry.names().index(method), j), setting=setting)
+        took = time.perf_counter() - start
+        if took >= 0.5 * float(summary.get("seconds", 0.0)):  # trained now, not reused
+            trained.append(took)
+        log.info("%s", summary)
+        left = (len(jobs) - done) * (sum(trained) / len(trained) if trained else 0.0)
+        log.info("model %d of %d done (%s/%s); %.0f s so far, about %.0f min left",
+                 done, len(jobs), split_dir.name, method, time.perf_counter() - t0, left / 60)
+        summaries.append(summary)
     write_json({"seconds": round(time.perf_counter() - t0, 1), "models": summaries},
                args.out / "summary.json")
     return {"models": summaries}

@@ -237,3 +237,14 @@ def test_wise_ft_saves_the_mix_of_trained_and_pretrained_encoder(inputs, tmp_pat
         assert torch.allclose(mixed["state"][k], 0.25 * w1 + 0.75 * w0, atol=1e-6), k
         moved += not torch.allclose(w1, w0)
     assert moved  # training did change the encoder, so the mix is not trivially equal
+
+
+def test_progress_counts_models_and_estimates_what_is_left(inputs, tmp_path, caplog):
+    caplog.set_level("INFO", logger="stages.train")
+    _run(inputs, tmp_path / "p", methods=["proto", "mtb"], steps=2, val_every=2)
+    lines = [r.getMessage() for r in caplog.records if " of 2 done" in r.getMessage()]
+    assert [ln.split(" done")[0] for ln in lines] == ["model 1 of 2", "model 2 of 2"]
+    assert "about" in lines[0] and lines[-1].endswith("about 0 min left")
+    caplog.clear()
+    _run(inputs, tmp_path / "p", methods=["proto", "mtb"], steps=2, val_every=2)  # reused
+    assert sum(" of 2 done" in r.getMessage() for r in caplog.records) == 2
