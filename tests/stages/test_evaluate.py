@@ -51,17 +51,20 @@ def test_tiny_end_to_end_writes_metrics_reports_and_plots(tmp_path):
     assert metrics == out
     assert list(metrics) == ["nyt25", "paired", "ece", "ece_ts", "nota"]
     acc = metrics["nyt25"]
-    assert set(acc) == {"regrab", "regrab_no_prior", "mtb", "proto", "floor"}
-    assert set(acc["regrab"]) == set(settings)  # zero-shot only for regrab
+    assert set(acc) == {"regrab", "regrab_no_prior", "mtb", "proto", "proto_label", "floor"}
+    # zero-shot only for the methods with a prior (regrab; proto_label's label mean)
+    assert set(acc["regrab"]) == set(acc["proto_label"]) == set(settings)
     for method in ("regrab_no_prior", "mtb", "proto", "floor"):
         assert set(acc[method]) == {"2w1s", "3w2s"}
     assert all(0 <= v <= 100 for row in acc.values() for v in row.values())
     assert set(metrics["paired"]) == {f"{m}_minus_regrab" for m in
-                                      ("regrab_no_prior", "mtb", "proto", "floor")}
+                                      ("regrab_no_prior", "mtb", "proto", "proto_label",
+                                       "floor")}
     diff = metrics["paired"]["mtb_minus_regrab"]["2w1s"]
     assert set(diff) == {"diff", "ci95"}
     assert diff["diff"] == pytest.approx(acc["mtb"]["2w1s"] - acc["regrab"]["2w1s"], abs=0.02)
-    assert set(metrics["ece"]) == {"regrab", "regrab_no_prior", "mtb", "proto"}  # no floor
+    assert set(metrics["ece"]) == {"regrab", "regrab_no_prior", "mtb", "proto",
+                                   "proto_label"}  # no floor
     # Temperature scaling: every trained method, the few-shot settings (fitted on 2-way
     # validation episodes: the toy split has 2 validation relations).
     assert set(metrics["ece_ts"]) == set(metrics["ece"])
