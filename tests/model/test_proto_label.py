@@ -9,7 +9,7 @@ from model.graph_prior import GraphPriorConfig
 from model.proto_label import METHODS, LabelPrior, ProtoLabelHead
 from pipeline.errors import PipelineError
 from tests.model.test_graph_prior import _labelled_graph
-from tests.model.tiny_regrab import registered, train_evaluate_reload
+from tests.model.tiny_regrab import random_episode, registered, train_evaluate_reload
 
 
 def _prior(text=True, dim=6):
@@ -18,15 +18,10 @@ def _prior(text=True, dim=6):
     return LabelPrior(cfg, _labelled_graph({"P1": "w1", "P2": "w2 w3"}), out_dim=dim)
 
 
-def _episode(k=3, dim=6):
-    g = torch.Generator().manual_seed(0)
-    return (torch.randn(2, 4, k, dim, generator=g), torch.randn(2, 7, dim, generator=g),
-            torch.randn(2, 4, dim, generator=g))
-
-
 def test_label_weight_zero_is_proto_on_the_same_episode():
     head = ProtoLabelHead(_prior(), "euclidean", 5.0)
-    support, query, h = _episode()
+    support, query = random_episode(n=4, k=3, q=7, dim=6)
+    h = torch.randn(2, 4, 6, generator=torch.Generator().manual_seed(2), dtype=torch.double)
     with torch.no_grad():
         head.label_weight.fill_(0.0)
     proto = PrototypeHead("euclidean", 5.0)
