@@ -28,8 +28,9 @@ An untrained ``floor`` row can be added (``evaluate.floor``): see :mod:`model.fl
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from model.calibration import fit_temperature, tempered
 from model.checkpoint import load_model, model_file
 from model.encoder_cache import LowerCache, encode_all
 from model.episodes import Episodes, EpisodeSampler, Setting
+from model.eval_config import EvalConfig
 from model.floor import CosinePrototypeHead, floor_encoder
 from model.graph_prior import PRIOR_KINDS, GraphPrior, relation_name
 from model.nota import NotaEpisodes, sample_nota
@@ -59,81 +61,10 @@ from model.scoring import (
     selective_accuracy,
 )
 from pipeline import report
-from pipeline.config import field
 from pipeline.errors import PipelineError
 from pipeline.io import file_digest, read_fewshot
 
 FLOOR = "floor"
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """``params.yaml`` section ``evaluate``.
-
-    Attributes:
-        methods: trained methods to evaluate (each needs
-            ``<models>/split_i/<method>/model.safetensors``).
-        settings: ``{N}w{K}s`` settings; K = 0 is zero-shot (regrab only).
-        episodes: episodes per setting and split.
-        queries: queries per way.
-        seed: episode seed (same episodes for every method).
-        splits: split folders to use (empty: every split with trained models).
-        floor: add the untrained frozen-encoder row.
-        batch_episodes: episodes per forward pass of a head.
-        encode_batch: sentences per encoder batch.
-        device: auto | cpu | cuda.
-        threads: torch intra-op threads (0 = torch default).
-        calibration_bins: equal-width confidence bins of ECE and the reliability diagram.
-        nota_rates: fractions of NOTA queries, each in [0, 1) (empty: no NOTA episodes).
-        nota_settings: settings (K >= 1) that get NOTA episodes.
-        nota_episodes: validation NOTA episodes per setting and split, to choose thresholds
-            on (the test NOTA episodes are the setting's ``episodes`` test episodes).
-        read_names: a relation outside a REGRAB model's graph gets a prior read from its
-            name (the split's ``relation_name``: a Wikidata label, or a key such as
-            ``Cause-Effect(e1,e2)``) instead of the shared fallback vector.
-        temperature_episodes: validation episodes per setting and split on which each model
-            gets a temperature (:mod:`model.calibration`), reported as the ECE after
-            temperature scaling; 0 turns it off (so does a split without ``val.parquet``).
-    """
-
-    methods: tuple[str, ...]
-    settings: tuple[str, ...]
-    episodes: int = field(ge=1)
-    queries: int = field(ge=1)
-    seed: int
-    splits: tuple[str, ...]
-    floor: bool
-    batch_episodes: int = field(ge=1)
-    encode_batch: int = field(ge=1)
-    device: str
-    threads: int = field(ge=0)
-    calibration_bins: int = field(ge=1)
-    nota_rates: tuple[float, ...] = field(ge=0.0, lt=1.0)
-    nota_settings: tuple[str, ...]
-    nota_episodes: int = field(ge=1)
-    read_names: bool
-    temperature_episodes: int = field(ge=0)
-
-    def __post_init__(self) -> None:
-        if not self.settings:
-            raise ValueError("evaluate.settings is empty; list at least one setting, e.g. "
-                             "[5w1s, 5w5s]")
-        for s in (*self.settings, *self.nota_settings):
-            Setting.parse(s)
-        if not self.methods:
-            raise ValueError("evaluate.methods must name at least one method")
-        registry.check(self.methods, "evaluate.methods")
-        for s in self.nota_settings:
-            if Setting.parse(s).shots == 0:
-                raise ValueError(f"evaluate.nota_settings has {s}; NOTA needs K >= 1 shots")
-
-    @property
-    def nota(self) -> bool:
-        return bool(self.nota_rates and self.nota_settings)
-
-    @property
-    def needs_val(self) -> bool:
-        return self.nota or self.temperature_episodes > 0
 
 
 def nota_key(setting: str, rate: float) -> str:
@@ -256,13 +187,24 @@ class SplitEpisodes:
         ``val.parquet`` when ``cfg.nota``)."""
         test = read_fewshot(split_dir / "test.parquet")
         has_val = (split_dir / "val.parquet").is_file()
-        if not cfg.nota:
-            val = read_fewshot(split_dir / "val.parquet") if cfg.needs_val and has_val else None
-            return cls(split_dir.name, test, cfg, split_index, val)
-        if not has_val:
+        if cfg.nota and not has_val:
             raise PipelineError(f"{split_dir} has no val.parquet to choose NOTA thresholds on; "
                                 "rerun the split stage or set evaluate.nota_rates to []")
-        return cls(split_dir.name, test, cfg, split_index, read_fewshot(split_dir / "val.parquet"))
+        val = read_fewshot(split_dir / "val.parquet") if cfg.needs_val and has_val else None
+        return cls(split_dir.name, test, cfg, split_index, val)
+
+    def first(self, n: int) -> SplitEpisodes:
+        """The same split with every episode set cut to its first ``n`` episodes (plain,
+        NOTA and temperature ones): a method scored on them is paired with the others on
+        the same episodes."""
+        if n >= self.cfg.episodes:
+            return self
+        out = copy.copy(self)
+        out.plain = {k: _first(e, n) for k, e in self.plain.items()}
+        out.nota_test = {k: [_first(e, n) for e in v] for k, v in self.nota_test.items()}
+        out.nota_val = {k: [_first(e, n) for e in v] for k, v in self.nota_val.items()}
+        out.calib = {k: _first(e, n) for k, e in self.calib.items()}
+        return out
 
     def names(self) -> dict[str, str | None]:
         """The name of each relation of the split, read from its ``relation_name``."""
@@ -356,12 +298,19 @@ class SplitEpisodes:
                 "temperature": tau}
 
 
+def _first(episodes: Any, n: int) -> Any:
+    """The first ``n`` episodes of an :class:`Episodes` or :class:`NotaEpisodes`."""
+    return dataclasses.replace(episodes, **{f.name: getattr(episodes, f.name)[:n]
+                                            for f in dataclasses.fields(episodes)})
+
+
 def _no_graph(relations: list[str]) -> torch.Tensor:
     return torch.full((len(relations),), -1)
 
 
 def evaluate_split(split_dir: Path, models_dir: Path, cfg: EvalConfig, device: str,
-                   cache: LowerCache, split_index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+                   cache: LowerCache, split_index: int, capped: Mapping[str, int] | None = None,
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cells and NOTA cells of the split folder ``split_dir`` (see :func:`evaluate_episodes`).
 
     A model is scored only if it was trained on this split (:func:`check_trained_on`).
@@ -372,12 +321,13 @@ def evaluate_split(split_dir: Path, models_dir: Path, cfg: EvalConfig, device: s
     def check(payload: dict[str, Any], path: Path) -> None:
         check_trained_on(payload, split_dir, digests, path, eps.test.relations)
 
-    return evaluate_episodes(eps, models_dir, cfg, device, cache, check)
+    return evaluate_episodes(eps, models_dir, cfg, device, cache, check, capped)
 
 
 def evaluate_episodes(
     eps: SplitEpisodes, models_dir: Path, cfg: EvalConfig, device: str, cache: LowerCache,
     check: Callable[[dict[str, Any], Path], None] | None = None,
+    capped: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cells ``{method: {setting: cell}}`` and NOTA cells ``{method: {key: cell}}`` of a split.
 
@@ -389,6 +339,8 @@ def evaluate_episodes(
         cache: encodings of the frozen layers, shared between models and splits.
         check: called with each model's payload and path before it is used; raises to refuse
             it (``regrab-score`` scores data that is not the models' own split: none).
+        capped: methods scored on the first episodes only (:meth:`SplitEpisodes.first`), with
+            how many.
     """
     cells: dict[str, dict[str, Any]] = {}
     nota: dict[str, dict[str, Any]] = {}
@@ -429,7 +381,8 @@ def evaluate_episodes(
                 eps.priors[method] = eps.prior_ways(model.prior)
             enc = encode_all(model.encoder, tokens[key], cache, cfg.encode_batch)
             names = [n for n in names if Setting.parse(n).shots > 0 or model.prior is not None]
-            c, n = eps.score(model.head, enc, model.rows, names, cfg.calibration_bins)
+            own = eps.first(capped[method]) if capped and method in capped else eps
+            c, n = own.score(model.head, enc, model.rows, names, cfg.calibration_bins)
             cells[method].update(c)
             nota[method].update(n)
     if cfg.floor:

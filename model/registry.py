@@ -36,6 +36,7 @@ MODULES = (
     "model.bmaml",
     "model.gnn",
     "model.snail",
+    "model.pair",
 )
 
 

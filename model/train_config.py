@@ -3,23 +3,25 @@
 A finished model is reused, and a killed run resumed, only when its fingerprint is the same:
 the method's model config, the settings of this section that change what is learned, and
 the digests of the data it learns from. Settings that only say where, how fast or which
-models to train (``threads``, ``methods``, ``splits``, ``checkpoint_every``, ``dvclive``)
-are left out, and the typed values are compared, so ``2e-4`` and ``2.0e-4`` are the same.
+models to train (``threads``, ``workers``, ``methods``, ``splits``, ``checkpoint_every``,
+``dvclive``) are left out, and the typed values are compared, so ``2e-4`` and ``2.0e-4`` are
+the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from model import registry
 from model.episodes import Setting
-from pipeline.config import field
+from pipeline.config import field, load_params, load_section
 
 #: ``train`` settings that do not change the trained model (left out of the fingerprint).
 NOT_IN_FINGERPRINT = ("methods", "splits", "per_setting", "checkpoint_every", "dvclive",
-                      "threads")
+                      "threads", "workers")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ class TrainConfig:
         threads: torch intra-op threads (0 = torch default). On our shared 2-core machine
             two OpenMP threads made every small op wait for a busy core: a cached-encoding
             step took 0.95 s with 2 threads and 0.06 s with 1 (benchmarks/bench_train.py).
+        workers: models trained at once, one process each with ``threads`` threads (forked
+            after the frozen layers are encoded, Linux and macOS). The models are the same
+            whatever the number: each starts from the same cache and its own seeds.
         wise_ft: weight of the trained encoder in the model that is validated and saved,
             the rest being the pre-trained weights (WiSE-FT, Wortsman et al., 2022); training
             itself goes on from the unmixed weights. 1 keeps the trained encoder as it is.
@@ -86,6 +91,7 @@ class TrainConfig:
     dvclive: bool
     evidence_weight: float = field(ge=0)
     threads: int = field(ge=0)
+    workers: int = field(ge=1)
     wise_ft: float = field(gt=0, le=1)
 
     def __post_init__(self) -> None:
@@ -114,3 +120,43 @@ def fingerprint(model_config: Any, sched: TrainConfig, inputs: dict[str, str]) -
     """
     train = {k: v for k, v in dataclasses.asdict(sched).items() if k not in NOT_IN_FINGERPRINT}
     return {"model": model_config.to_dict(), "train": train, "inputs": dict(sorted(inputs.items()))}
+
+
+@dataclass(frozen=True)
+class ComparisonConfig:
+    """``params.yaml`` section ``comparison``: the paper's other methods at a smaller budget.
+
+    ``train`` trains them, and ``evaluate`` scores them, beside ``train.methods`` /
+    ``evaluate.methods``, on fewer splits and episodes: on the CPU they cost several times
+    what the default's methods do (inner loops, particles, one pass per candidate way or
+    pair). Their paired differences with REGRAB are taken on the same splits and the same
+    (first) episodes.
+
+    Attributes:
+        methods: the methods (registry names); empty: no comparison.
+        splits: split folders they run on (empty: every split).
+        episodes: test episodes per setting and split they are scored on: the first this many
+            of the episodes every method sees, and as many of the NOTA and temperature
+            episodes at most.
+    """
+
+    methods: tuple[str, ...]
+    splits: tuple[str, ...]
+    episodes: int = field(ge=1)
+
+    def __post_init__(self) -> None:
+        registry.check(self.methods, "comparison.methods")
+
+    def runs_on(self, split: str) -> bool:
+        """Whether the comparison runs on the split folder named ``split``."""
+        return not self.splits or split in self.splits
+
+
+def load_comparison(params: Path, methods: tuple[str, ...]) -> ComparisonConfig:
+    """The ``comparison`` section (none when params has no such section), less the methods
+    already in ``methods`` (those run on every split anyway)."""
+    if "comparison" not in (load_params(params) or {}):
+        return ComparisonConfig(methods=(), splits=(), episodes=1)
+    comparison = load_section(ComparisonConfig, "comparison", params)
+    return dataclasses.replace(
+        comparison, methods=tuple(m for m in comparison.methods if m not in methods))

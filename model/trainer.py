@@ -146,6 +146,25 @@ def make_optimizer(model: FewShotModel, sched: TrainConfig) -> torch.optim.Optim
     return torch.optim.AdamW(groups, weight_decay=sched.weight_decay)
 
 
+def frozen_states(model: FewShotModel, split_dir: Path, sched: TrainConfig, tokens: TokenCache,
+                  cache: LowerCache | None) -> LabelText | None:
+    """Compute into ``cache`` what a run of ``model`` on ``split_dir`` reads from it: the
+    frozen layers of the training and validation sentences (once per sentence, batched by
+    length), then those of the relation labels if the model's prior reads them.
+
+    Returns:
+        The labels' text (:class:`model.graph_prior.LabelText`), or None without a text prior.
+    """
+    if cache is not None:
+        for part in ("train", "val"):
+            tok, _ = tokens.get(model, split_dir / f"{part}.parquet")
+            order = np.argsort([len(x) for x in tok.ids], kind="stable")
+            cache.states(model.encoder, tok, order, sched.encode_batch, progress=True)
+    if model.prior is not None and model.prior.config.text:
+        return model.prior.read_labels(model.encoder, cache, sched.encode_batch)
+    return None
+
+
 def prepare(split_dir: Path, method: str, model_params: ModelParams, sched: TrainConfig,
             graph: RelationGraph | None, device: str, tokens: TokenCache,
             lower_cache: LowerCache, seed: int, seed_key: tuple[int, ...]) -> Run:
@@ -175,13 +194,8 @@ def prepare(split_dir: Path, method: str, model_params: ModelParams, sched: Trai
         model.prior.coverage(train_s.relations, f"{split_dir.name} training")
         model.prior.coverage(val_s.relations, f"{split_dir.name} validation")
     cache = lower_cache if model.encoder.split > 0 else None
-    if cache is not None:  # frozen layers once per sentence, batched by length
-        for tok in (train_tok, val_tok):
-            order = np.argsort([len(x) for x in tok.ids], kind="stable")
-            cache.states(model.encoder, tok, order, sched.encode_batch, progress=True)
-    labels = None
-    if model.prior is not None and model.prior.config.text:
-        labels = model.prior.read_labels(model.encoder, cache, sched.encode_batch)
+    labels = frozen_states(model, split_dir, sched, tokens, cache)
+    if labels is not None:
         # The graph term starts at the mean training encoding, the label term's gain at 1.
         model.prior.start_at(encode_all(model.encoder, train_tok, cache,
                                         sched.encode_batch).mean(0))

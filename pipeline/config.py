@@ -307,7 +307,8 @@ SECTIONS = {
     "build_graph": "stages.build_graph:BuildGraphParams",
     "model": "model.checkpoint:ModelParams",
     "train": "model.train_config:TrainConfig",
-    "evaluate": "model.evaluation:EvalConfig",
+    "comparison": "model.train_config:ComparisonConfig",
+    "evaluate": "model.eval_config:EvalConfig",
     "transfer": "stages.transfer:TransferParams",
     "tune_splits": "scripts.make_tuning_splits:TuneSplitsParams",
 }

@@ -92,6 +92,8 @@ def summarise(per_split: dict[str, dict[str, dict[str, dict[str, Any]]]],
         for method, settings in methods.items():
             for setting, cell in settings.items():
                 cells.setdefault(method, {}).setdefault(setting, {})[split] = cell
+    # A method scored on later splits only (the comparison's) still comes before the floor.
+    cells = dict(sorted(cells.items(), key=lambda item: item[0] == "floor"))
     accuracy, calibration, selective = {}, {}, {}
     for method, settings in cells.items():
         accuracy[method], calibration[method] = {}, {}
@@ -119,13 +121,19 @@ def summarise(per_split: dict[str, dict[str, dict[str, dict[str, Any]]]],
                          "accuracy": (bins["correct"] / count).tolist()}}
             selective.setdefault(setting, {})[method] = np.mean(
                 [c["curve"] for c in by_split.values()], axis=0).tolist()
-    return {"splits": splits, "accuracy": accuracy, "paired": paired(accuracy),
+    return {"splits": splits, "accuracy": accuracy, "paired": paired(accuracy, cells),
             "calibration": calibration, "selective": selective,
             "nota": _nota_summary(nota)}
 
 
-def paired(accuracy: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Per-split differences ``method - regrab`` and their interval over splits."""
+def paired(accuracy: dict[str, dict[str, dict[str, Any]]],
+           cells: dict[str, dict[str, dict[str, dict[str, Any]]]] | None = None,
+           ) -> dict[str, Any]:
+    """Per-split differences ``method - regrab`` and their interval over splits.
+
+    With the ``cells`` (``{method: {setting: {split: cell}}}``), a method scored on fewer
+    episodes than REGRAB is compared with REGRAB on those same (first) episodes.
+    """
     ref = accuracy.get(REFERENCE)
     if ref is None:
         return {}
@@ -138,6 +146,13 @@ def paired(accuracy: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
                 continue
             common = [s for s in row["per_split"] if s in ref[setting]["per_split"]]
             diffs = {s: row["per_split"][s] - ref[setting]["per_split"][s] for s in common}
+            if cells is not None:
+                for s in common:
+                    mine = cells[method][setting][s]["episodes"]
+                    theirs = cells[REFERENCE][setting][s]["episodes"]
+                    n = min(len(mine), len(theirs))
+                    if n < max(len(mine), len(theirs)):
+                        diffs[s] = float(mine[:n].mean() * 100) - float(theirs[:n].mean() * 100)
             iv = interval(diffs.values())
             out.setdefault(f"{method}_minus_{REFERENCE}", {})[setting] = {
                 "diff": iv["mean"], "ci95": iv["ci95"], "n_splits": iv["n_splits"],
@@ -220,6 +235,13 @@ def markdown_report(report: dict[str, Any], settings: list[str], note: str) -> s
     lines += _table(["method", *settings], [
         [m] + [_pm(row[s]["mean"], row[s]["ci95"]) if s in row else "–" for s in settings]
         for m, row in acc.items()])
+    fewer = [f"{m} ({row[s]['n_splits']} split(s), {row[s]['episodes'] // row[s]['n_splits']} "
+             "episodes per setting and split)" for m, row in acc.items()
+             for s in list(row)[:1] if row[s]["n_splits"] < n
+             or row[s]["episodes"] < max(r[s]["episodes"] for r in acc.values() if s in r)]
+    if fewer:
+        lines += ["", "Scored on fewer splits or episodes (paired with REGRAB on the same "
+                  "ones): " + "; ".join(fewer) + "."]
     lines += ["", note, "", "Pooled-episode 95% CI (secondary: ignores the between-split "
               "variance)", ""]
     lines += _table(["method", *settings], [

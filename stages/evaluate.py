@@ -14,21 +14,105 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from model.encoder_cache import LowerCache
-from model.evaluation import EvalConfig, evaluate_split
+from model.evaluation import FLOOR, EvalConfig, evaluate_split
+from model.train_config import ComparisonConfig, load_comparison
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_paths, remove_stale_temporaries
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    """Some methods of one split, scored in one process from an empty frozen-layer cache."""
+
+    split_dir: Path
+    split_index: int
+    cfg: EvalConfig  # its methods, and whether it scores the floor
+    capped: dict[str, int]
+    methods: tuple[str, ...]  # every method of the split, in order
+
+
+def split_jobs(splits: Path, names: tuple[str, ...], cfg: EvalConfig,
+               comparison: ComparisonConfig, device: str) -> list[Job]:
+    """The jobs of ``names``: one per split, or, with fewer splits than workers, the split's
+    methods dealt round-robin into one job per worker (the first also scores the floor)."""
+    workers = cfg.workers if device == "cpu" else 1
+    jobs = []
+    for i, name in enumerate(names):
+        tail = name.rsplit("_", 1)[-1]
+        index = int(tail) if tail.isdigit() else i
+        extra = comparison.methods if comparison.runs_on(name) else ()
+        methods = (*cfg.methods, *extra)
+        capped = {m: comparison.episodes for m in extra}
+        parts = min(len(methods), workers) if len(names) < workers else 1
+        for p in range(parts):
+            part = dataclasses.replace(cfg, methods=methods[p::parts], floor=cfg.floor and p == 0)
+            jobs.append(Job(splits / name, index, part, capped, methods))
+    return jobs
+
+
+def _run_job(job: Job, models: Path, device: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    with torch.no_grad():
+        return evaluate_split(job.split_dir, models, job.cfg, device, LowerCache(),
+                              job.split_index, job.capped)
+
+
+def _worker_start(threads: int) -> None:
+    set_threads(threads)
+
+
+def run_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str,
+             t0: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Cells and NOTA cells per split, in the order of the split's methods (floor last)."""
+    results: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def done(i: int, result: tuple[dict[str, Any], dict[str, Any]]) -> None:
+        results[i] = result
+        log.info("%s: %s evaluated (%d of %d jobs, %.0f s so far)", jobs[i].split_dir.name,
+                 ", ".join(jobs[i].cfg.methods), len(results), len(jobs),
+                 time.perf_counter() - t0)
+
+    workers = min(cfg.workers if device == "cpu" else 1, len(jobs))
+    if workers == 1:
+        for i, job in enumerate(jobs):
+            done(i, _run_job(job, models, device))
+    else:
+        # Forked workers (CUDA would not survive a fork: one process there).
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_worker_start, initargs=(cfg.threads,))
+        try:
+            futures = {pool.submit(_run_job, job, models, device): i
+                       for i, job in enumerate(jobs)}
+            for future in as_completed(futures):
+                done(futures[future], future.result())
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    cells: dict[str, dict[str, Any]] = {}
+    notas: dict[str, dict[str, Any]] = {}
+    for i, job in enumerate(jobs):
+        cells.setdefault(job.split_dir.name, {}).update(results[i][0])
+        notas.setdefault(job.split_dir.name, {}).update(results[i][1])
+    # The methods in the order of the params (the floor last), whichever job had them.
+    order = {job.split_dir.name: (*job.methods, FLOOR) for job in jobs}
+    per_split = {name: {m: c[m] for m in order[name] if m in c} for name, c in cells.items()}
+    nota = {name: {m: c[m] for m in order[name] if m in c} for name, c in notas.items()}
+    return per_split, nota
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -68,17 +152,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for path in outputs:  # what a kill during the last write left, as train removes its own
         remove_stale_temporaries(path.parent, [path.name])
     t0 = time.perf_counter()
-    cache = LowerCache()
-    per_split, nota = {}, {}
-    with torch.no_grad():
-        for i, name in enumerate(names):
-            tail = name.rsplit("_", 1)[-1]
-            per_split[name], nota[name] = evaluate_split(
-                args.splits / name, args.models, cfg, device, cache,
-                int(tail) if tail.isdigit() else i)
-            log.info("%s evaluated (%.0f s so far)", name, time.perf_counter() - t0)
+    comparison = load_comparison(args.params, cfg.methods)
+    jobs = split_jobs(args.splits, names, cfg, comparison, device)
+    per_split, nota = run_jobs(jobs, args.models, cfg, device, t0)
     summary = report.summarise(per_split, nota)
-    metrics = report.headline_metrics(summary, args.benchmark, tuple(cfg.methods))
+    metrics = report.headline_metrics(summary, args.benchmark,
+                                      (*cfg.methods, *comparison.methods))
     settings = list(cfg.settings)
     note = (f"Test relations of {len(names)} split(s), {cfg.episodes} episodes per setting "
             f"and split, {cfg.queries} queries per way. `floor`: frozen pre-trained encoder, "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,15 @@ from model.checkpoint import (
     MODEL_FILE,
     STATE_FILE,
     ModelParams,
+    build_model,
     config_for_method,
 )
 from model.encoder_cache import LowerCache
 from model.episodes import Setting
 from model.graph_prior import RelationGraph
-from model.train_config import TrainConfig, fingerprint
+from model.train_config import TrainConfig, fingerprint, load_comparison
 from model.train_state import finish, finished_summary, resume
-from model.trainer import TokenCache, prepare, train
+from model.trainer import TokenCache, frozen_states, prepare, train
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import file_digest, read_parquet, remove_stale_temporaries, write_json
@@ -104,14 +106,13 @@ def train_one(split_dir: Path, method: str, out_dir: Path, model_params: ModelPa
               cfg: TrainConfig, inputs: dict[str, str], graph: RelationGraph | None,
               device: str, tokens: TokenCache, lower_cache: LowerCache,
               seed_key: tuple[int, ...], on_step=None,
-              setting: Setting | None = None) -> dict[str, Any]:
-    """Train one method on one split (or reuse the finished model); returns a summary."""
-    sched = cfg.schedule(setting)
-    # A finished or half-trained model is reused only if its inputs are the same too: the
-    # params alone miss a new graph (build_graph.features) or a new split of the relations.
-    inputs = {**inputs, "train": file_digest(split_dir / "train.parquet"),
-              "val": file_digest(split_dir / "val.parquet")}
-    params = fingerprint(config_for_method(model_params, method), sched, inputs)
+              setting: Setting | None = None) -> tuple[dict[str, Any], bool]:
+    """Train one method on one split (or reuse the finished model).
+
+    Returns:
+        The model's summary, and whether it was trained now (False: reused as it was).
+    """
+    params = run_fingerprint(split_dir, method, model_params, cfg, inputs, setting)
     out_dir.mkdir(parents=True, exist_ok=True)
     # A kill during a checkpoint write leaves its temporary file (atomic_path cannot clean
     # up after SIGKILL); the checkpoint itself is intact, the temporary must not be cached.
@@ -124,7 +125,8 @@ def train_one(split_dir: Path, method: str, out_dir: Path, model_params: ModelPa
     done = finished_summary(best_path, state_path, params)
     if done is not None:
         log.info("%s/%s: finished model with the same params, skipped", split_dir.name, method)
-        return done
+        return done, False
+    sched = cfg.schedule(setting)
     run = prepare(split_dir, method, model_params, sched, graph, device, tokens, lower_cache,
                   cfg.seed, seed_key)
     resume(run, state_path, params)
@@ -136,7 +138,81 @@ def train_one(split_dir: Path, method: str, out_dir: Path, model_params: ModelPa
                "seconds": result["seconds"], "final_loss": result["final_loss"]}
     finish(best_path, summary, run.history)
     state_path.unlink(missing_ok=True)
-    return summary
+    return summary, True
+
+
+def run_fingerprint(split_dir: Path, method: str, model_params: ModelParams, cfg: TrainConfig,
+                    inputs: dict[str, str], setting: Setting | None) -> dict[str, Any]:
+    """What one model depends on (:func:`model.train_config.fingerprint`).
+
+    A finished or half-trained model is reused only if its inputs are the same too: the
+    params alone miss a new graph (build_graph.features) or a new split of the relations.
+    """
+    inputs = {**inputs, "train": file_digest(split_dir / "train.parquet"),
+              "val": file_digest(split_dir / "val.parquet")}
+    return fingerprint(config_for_method(model_params, method), cfg.schedule(setting), inputs)
+
+
+def warm_cache(jobs: list[Job], model_params: ModelParams, cfg: TrainConfig,
+               graph: RelationGraph | None, device: str, tokens: TokenCache,
+               cache: LowerCache) -> None:
+    """Encode, before any model trains, every frozen-layer output the ``jobs`` will read.
+
+    One model per distinct frozen part (and label reading) fills the cache split by split,
+    in the order one run after another would. Every job then starts from a copy of this
+    cache, so a model's encodings never depend on which models ran before it, in the same
+    process or another: one worker or several train the same models.
+    """
+    models: dict[tuple, Any] = {}
+    for method in dict.fromkeys(job.method for job in jobs):
+        model_cfg = config_for_method(model_params, method)
+        model = build_model(model_cfg, graph if model_cfg.uses_graph else None).to(device)
+        key = (LowerCache.frozen_key(model.encoder) if model.encoder.split > 0 else None,
+               model.prior is not None and model.prior.config.text)
+        models.setdefault(key, model)
+    for split_dir in dict.fromkeys(job.split_dir for job in jobs):
+        for (frozen, _), model in models.items():
+            frozen_states(model, split_dir, cfg, tokens, cache if frozen is not None else None)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One model to train: a method on a split (and a setting under the paper's protocol)."""
+
+    split_index: int
+    split_dir: Path
+    method: str
+    setting_index: int
+    setting: Setting | None
+    out: Path
+
+
+#: What forked training workers share with the stage (set before they start).
+_SHARED: dict[str, Any] = {}
+
+
+def _worker_start(threads: int) -> None:
+    """A training worker: one torch thread pool of its own; it ends with the stage (Linux)."""
+    set_threads(threads)
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # elsewhere a killed stage may leave a worker to finish its model
+
+
+def _run_job(job: Job) -> tuple[dict[str, Any], bool, float]:
+    """Train (or reuse) one model from the shared state; its summary, trained?, seconds."""
+    s = _SHARED
+    start = time.perf_counter()
+    summary, trained = train_one(
+        job.split_dir, job.method, job.out, s["model_params"], s["cfg"], s["inputs"],
+        s["graph"], s["device"], s["tokens"], s["cache"].copy(),
+        (job.split_index, registry.names().index(job.method), job.setting_index),
+        setting=job.setting)
+    return summary, trained, time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -151,8 +227,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_section(TrainConfig, "train", args.params)
+    comparison = load_comparison(args.params, cfg.methods)
     model_params = load_section(ModelParams, "model", args.params)
-    uses_graph = any(registry.get(m).uses_graph for m in cfg.methods)
+    uses_graph = any(registry.get(m).uses_graph for m in (*cfg.methods, *comparison.methods))
     if uses_graph and model_params.prior.text and args.relations is None:
         # Fail before any work: the label prior reads the relations' labels.
         raise PipelineError("model.prior.text needs the relations' labels: pass --relations "
@@ -166,36 +243,74 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # summary.json is written atomically too: a kill during that write leaves its temporary.
     remove_stale_temporaries(args.out)
     tokens, lower_cache = TokenCache(), LowerCache()
-    summaries = []
     t0 = time.perf_counter()
     settings = [Setting.parse(s) for s in cfg.per_setting] or [None]
     if not any(s is None or s.shots > 0 or registry.get(m).zero_shot
-               for m in cfg.methods for s in settings):
+               for m in (*cfg.methods, *comparison.methods) for s in settings):
         raise PipelineError(
             f"nothing to train: train.per_setting {list(cfg.per_setting)} is zero-shot only, "
             f"and none of train.methods {list(cfg.methods)} has zero-shot models; add a "
             "setting with shots (e.g. 5w1s) or a zero-shot method (regrab)")
-    jobs = [(si, split_dir, method, j, setting)
+    jobs = [Job(si, split_dir, method, j, setting,
+                args.out / split_dir.name / method if setting is None
+                else args.out / split_dir.name / method / setting.name)
             for si, split_dir in enumerate(split_dirs(args.splits, cfg.splits))
-            for method in cfg.methods for j, setting in enumerate(settings)
+            for method in (*cfg.methods, *(comparison.methods if comparison.runs_on(
+                split_dir.name) else ()))
+            for j, setting in enumerate(settings)
             if setting is None or setting.shots > 0 or registry.get(method).zero_shot]
+    # Models to train now (the rest are finished with the same fingerprint and reused).
+    todo = [job for job in jobs if finished_summary(
+        job.out / MODEL_FILE, job.out / STATE_FILE,
+        run_fingerprint(job.split_dir, job.method, model_params, cfg, inputs, job.setting),
+    ) is None]
+    # CUDA does not survive a fork, and one process keeps a GPU busy: one worker there.
+    workers = max(1, min(cfg.workers if device == "cpu" else 1, len(todo)))
+    log.info("%d models, %d to train, %d worker(s)", len(jobs), len(todo), workers)
+    if todo:
+        t_warm = time.perf_counter()
+        warm_cache(todo, model_params, cfg, graph, device, tokens, lower_cache)
+        log.info("frozen layers encoded for %d split(s) in %.0f s",
+                 len({job.split_dir for job in todo}), time.perf_counter() - t_warm)
+    _SHARED.update(model_params=model_params, cfg=cfg, inputs=inputs, graph=graph,
+                   device=device, tokens=tokens, cache=lower_cache)
     trained: list[float] = []  # seconds of the models trained (not reused) so far
-    for done, (si, split_dir, method, j, setting) in enumerate(jobs, start=1):
-        out = args.out / split_dir.name / method
-        out = out if setting is None else out / setting.name
-        start = time.perf_counter()
-        # The method's place in the registry is part of its seed.
-        summary = train_one(split_dir, method, out, model_params, cfg, inputs, graph,
-                            device, tokens, lower_cache,
-                            (si, registry.names().index(method), j), setting=setting)
-        took = time.perf_counter() - start
-        if took >= 0.5 * float(summary.get("seconds", 0.0)):  # trained now, not reused
+    results: dict[int, dict[str, Any]] = {}
+
+    def done(i: int, summary: dict[str, Any], was_trained: bool, took: float) -> None:
+        results[i] = summary
+        if was_trained:
             trained.append(took)
         log.info("%s", summary)
-        left = (len(jobs) - done) * (sum(trained) / len(trained) if trained else 0.0)
+        left = sum(1 for job in todo if jobs.index(job) not in results)
+        eta = left * (sum(trained) / len(trained) if trained else 0.0) / workers
         log.info("model %d of %d done (%s/%s); %.0f s so far, about %.0f min left",
-                 done, len(jobs), split_dir.name, method, time.perf_counter() - t0, left / 60)
-        summaries.append(summary)
+                 len(results), len(jobs), jobs[i].split_dir.name, jobs[i].method,
+                 time.perf_counter() - t0, eta / 60)
+
+    try:
+        if workers == 1:
+            for i, job in enumerate(jobs):
+                done(i, *_run_job(job))
+        else:
+            # Forked workers inherit the graph, the tokens and the warm cache; one torch
+            # thread each (threads) uses the cores better than one process with several.
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                       initializer=_worker_start, initargs=(cfg.threads,))
+            try:
+                futures = {pool.submit(_run_job, job): i for i, job in enumerate(jobs)}
+                for future in as_completed(futures):
+                    done(futures[future], *future.result())
+            finally:
+                # On a failure the models not yet started are dropped; one still training
+                # on the other worker finishes (and is reused by the next run).
+                pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        _SHARED.clear()
+    summaries = [results[i] for i in range(len(jobs))]
     write_json({"seconds": round(time.perf_counter() - t0, 1), "models": summaries},
                args.out / "summary.json")
     return {"models": summaries}

@@ -29,7 +29,7 @@ import torch
 
 from model.episodes import Setting
 from model.evaluation import EvalConfig
-from model.transfer import cut_relations, score_table
+from model.transfer import checkpoints, cut_relations, score_table
 from pipeline import report
 from pipeline.config import field, load_benchmarks, load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
@@ -158,8 +158,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 continue
             log.info("%s: %s checkpoints on %d sentences", name, bench, table.num_rows)
             with torch.no_grad():
+                # The evaluate section's methods trained on every split (the comparison's
+                # run on fewer splits and episodes).
+                found = checkpoints(folder, list(base.methods))
+                methods = [m for m in base.methods if all(m in p for p in found.values())]
                 out = score_table(f"{name} ({path})", table, folder, base, settings, device,
-                                  episodes=params.episodes,
+                                  methods=methods or None, episodes=params.episodes,
                                   listed=table.column("relation").to_pylist())
             results.setdefault(name, {})[bench] = out["summary"]
     if not results:

@@ -71,6 +71,21 @@ def test_paired_differences_against_numpy():
     assert bins["confidence"] == pytest.approx([0.3, 0.9])
 
 
+def test_a_method_on_fewer_episodes_is_paired_on_those_episodes():
+    per_split = _per_split()
+    for s in ("split_0", "split_2"):  # scored on the first 8 of 20 episodes, on 2 splits
+        per_split[s]["gnn"] = {"5w1s": _cell(np.random.default_rng(1).random(8))}
+    summary = report.summarise(per_split, {})
+    cell = summary["paired"]["gnn_minus_regrab"]["5w1s"]
+    expected = {s: (per_split[s]["gnn"]["5w1s"]["episodes"].mean()
+                    - per_split[s]["regrab"]["5w1s"]["episodes"][:8].mean()) * 100
+                for s in ("split_0", "split_2")}
+    assert cell["per_split"] == pytest.approx(expected) and cell["n_splits"] == 2
+    assert summary["accuracy"]["gnn"]["5w1s"]["episodes"] == 16
+    md = report.markdown_report(summary, ["5w1s"], "")
+    assert "gnn (2 split(s), 8 episodes per setting and split)" in md
+
+
 def test_headline_metrics_are_a_flat_scannable_table(tmp_path):
     nota = {f"split_{i}": {"regrab": {"5w1s_r15": {"acc": 60.0 + i, "threshold": 0.5,
                                                    "abstained": 0.2}}} for i in range(4)}

@@ -142,3 +142,39 @@ def test_refuses_a_model_trained_on_another_split(tmp_path):
     message = str(err.value)
     assert "\n" not in message and "split_0" in message and "model.safetensors" in message
     assert "trained on another split" in message and "retrain" in message
+
+
+def test_comparison_runs_on_fewer_splits_and_episodes_and_workers_agree(tmp_path):
+    """The comparison's methods train and score on the listed splits and the first episodes
+    only, paired with REGRAB there; one scoring process or two give the same report."""
+    enc = tiny_encoder(tmp_path / "bert")
+    splits = toy_splits(tmp_path / "splits", n_splits=2)
+    params = project_params(**{
+        "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
+                              "normalize": 5.0}, "langevin": {"samples": 2, "steps": 2}},
+        "train": {**TRAIN, "methods": ["regrab", "proto"]},
+        "comparison": {"methods": ["proto", "maml"], "splits": ["split_1"], "episodes": 8},
+        "evaluate": {"methods": ["regrab", "proto"], "settings": ["2w1s", "3w2s"],
+                     "episodes": 20, "queries": 2, "device": "cpu", "nota_rates": [],
+                     "temperature_episodes": 10, "workers": 1},
+    })
+    p = _train(tmp_path, splits, params)
+    assert (tmp_path / "models/split_1/maml/model.safetensors").exists()
+    assert not (tmp_path / "models/split_0/maml").exists()
+    one = _evaluate(tmp_path, splits, p, "one")
+    params["evaluate"]["workers"] = 2
+    p.write_text(yaml.safe_dump(params))
+    two = _evaluate(tmp_path, splits, p, "two")
+    assert one == two
+    reports = [json.loads((tmp_path / "metrics" / f"{n}_report.json").read_text())
+               for n in ("one", "two")]
+    assert reports[0] == reports[1]
+    acc = reports[0]["accuracy"]
+    assert list(acc) == ["regrab", "proto", "maml", "floor"]
+    maml, proto = acc["maml"]["2w1s"], acc["proto"]["2w1s"]
+    assert (maml["n_splits"], maml["episodes"]) == (1, 8)  # proto: every split and episode
+    assert (proto["n_splits"], proto["episodes"]) == (2, 40)
+    diff = reports[0]["paired"]["maml_minus_regrab"]["2w1s"]
+    assert set(diff["per_split"]) == {"split_1"}  # paired where both ran
+    md = (tmp_path / "metrics" / "one.md").read_text()
+    assert "Scored on fewer splits or episodes" in md and "maml (1 split(s), 8 episodes" in md

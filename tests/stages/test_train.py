@@ -88,6 +88,24 @@ def test_seeded_runs_repeat_and_skip_when_done(inputs, tmp_path):
     assert again["models"][0] == a["models"][0]
 
 
+def test_two_workers_train_the_same_models_as_one(inputs, tmp_path, caplog):
+    """Forked workers start from the same warm cache and seeds: the same weights, bit for
+    bit, and the same summary in the same order, whichever worker finished first."""
+    caplog.set_level("INFO", logger="stages.train")
+    methods = ["regrab", "proto", "proto_label"]
+    one = _run(inputs, tmp_path / "one", methods=methods, workers=1)
+    two = _run(inputs, tmp_path / "two", methods=methods, workers=2)
+    assert "3 models, 3 to train, 2 worker(s)" in caplog.text
+    assert [m["method"] for m in two["models"]] == methods
+    for a, b in zip(one["models"], two["models"], strict=True):
+        assert {k: v for k, v in a.items() if k != "seconds"} == \
+            {k: v for k, v in b.items() if k != "seconds"}
+    for method in methods:
+        wa = _weights(tmp_path / f"one/split_0/{method}/model.safetensors")
+        wb = _weights(tmp_path / f"two/split_0/{method}/model.safetensors")
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 def test_resume_after_kill_continues_from_saved_step(inputs, tmp_path, monkeypatch):
     root, enc, splits, graph, features = inputs
     _run(inputs, tmp_path / "full")
