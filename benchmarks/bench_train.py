@@ -8,6 +8,9 @@ All figures are sentences per second on one 10-way 5-shot episode with 5 queries
   backward).
 * ``encoder only (cached)``: the same encoder work with a trivial loss: the difference is
   the overhead of the prior and the sampler.
+* ``... feed-forward on padding``: the default step with the top layer's output projection
+  and feed-forward run on every pooled position, padding included (rows pad to the longest
+  entity pair), instead of the real positions only.
 * ``regrab step, no cache, dynamic padding`` / ``... padded to 128``: the encoder run end to
   end every step (what the authors' code did, with every sentence padded to 128).
 
@@ -24,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model import encoder_cache
 from model.checkpoint import build_model, config_for_method
 from model.encoder_cache import LowerCache, encode_rows
 from model.episodes import EpisodeSampler, gather_episodes
@@ -42,6 +46,13 @@ def _random_graph(relations: list[str], dim: int = 512, k: int = 10) -> Relation
     dst = rng.integers(0, len(rel), size=len(src))
     ei = torch.from_numpy(np.stack([np.r_[src, dst], np.r_[dst, src]]))
     return RelationGraph(rel, feats, ei, torch.ones(ei.shape[1]))
+
+
+_layer_at = encoder_cache.layer_at
+
+
+def _padded_layer_at(*args, used=None, **kwargs):
+    return _layer_at(*args, **kwargs)
 
 
 def _timeit(fn, repeats: int) -> float:
@@ -99,10 +110,16 @@ def main() -> None:
     for label, params, cached, pad_to, enc_only in [
         ("regrab step (cached, default)", {"freeze_top_kv": True}, True, None, False),
         ("encoder only (cached, default)", {"freeze_top_kv": True}, True, None, True),
+        ("regrab step (cached), feed-forward on padding", {"freeze_top_kv": True}, True,
+         "positions", False),
         ("regrab step, top layer cached below", {}, True, None, False),
         ("regrab step, no cache, dynamic padding", {}, False, None, False),
         ("regrab step, no cache, padded to 128", {}, False, 128, False),
     ]:
+        # "positions": the top layer's output projection and feed-forward also run on the
+        # padded pooled positions (as before they were packed).
+        encoder_cache.layer_at = _padded_layer_at if pad_to == "positions" else _layer_at
+        pad_to = None if pad_to == "positions" else pad_to
         torch.manual_seed(0)
         section = load_params("params.yaml", "model")
         section["encoder"].update({"train_layers": 1, "freeze_top_kv": False, **params})
