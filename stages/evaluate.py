@@ -64,10 +64,14 @@ def split_jobs(splits: Path, names: tuple[str, ...], cfg: EvalConfig,
     return jobs
 
 
-def _run_job(job: Job, models: Path, device: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _run_job(job: Job, models: Path, device: str
+             ) -> tuple[tuple[dict[str, Any], dict[str, Any]], float]:
+    """The job's cells and NOTA cells, and the seconds it took."""
+    start = time.perf_counter()
     with torch.no_grad():
-        return evaluate_split(job.split_dir, models, job.cfg, device, LowerCache(),
-                              job.split_index, job.capped)
+        result = evaluate_split(job.split_dir, models, job.cfg, device, LowerCache(),
+                                job.split_index, job.capped)
+    return result, time.perf_counter() - start
 
 
 def _worker_start(threads: int) -> None:
@@ -78,17 +82,22 @@ def run_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str,
              t0: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cells and NOTA cells per split, in the order of the split's methods (floor last)."""
     results: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
-
-    def done(i: int, result: tuple[dict[str, Any], dict[str, Any]]) -> None:
-        results[i] = result
-        log.info("%s: %s evaluated (%d of %d jobs, %.0f s so far)", jobs[i].split_dir.name,
-                 ", ".join(jobs[i].cfg.methods), len(results), len(jobs),
-                 time.perf_counter() - t0)
-
     workers = min(cfg.workers if device == "cpu" else 1, len(jobs))
+    spent = [0.0, 0]  # seconds and methods of the finished jobs
+
+    def done(i: int, result: tuple[dict[str, Any], dict[str, Any]], took: float) -> None:
+        results[i] = result
+        spent[0] += took
+        spent[1] += len(jobs[i].cfg.methods)
+        left = sum(len(j.cfg.methods) for k, j in enumerate(jobs) if k not in results)
+        log.info("%s: %s evaluated in %.0f s (%d of %d jobs, %.0f s so far, about %.0f min "
+                 "left)", jobs[i].split_dir.name, ", ".join(jobs[i].cfg.methods), took,
+                 len(results), len(jobs), time.perf_counter() - t0,
+                 left * spent[0] / spent[1] / workers / 60)
+
     if workers == 1:
         for i, job in enumerate(jobs):
-            done(i, _run_job(job, models, device))
+            done(i, *_run_job(job, models, device))
     else:
         # Forked workers (CUDA would not survive a fork: one process there).
         import multiprocessing
@@ -100,7 +109,7 @@ def run_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str,
             futures = {pool.submit(_run_job, job, models, device): i
                        for i, job in enumerate(jobs)}
             for future in as_completed(futures):
-                done(futures[future], future.result())
+                done(futures[future], *future.result())
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     cells: dict[str, dict[str, Any]] = {}
