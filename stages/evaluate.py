@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_paths, remove_stale_temporaries
+from pipeline.workers import run_jobs
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +76,15 @@ def _run_job(job: Job, models: Path, device: str
     return result, time.perf_counter() - start
 
 
-def _worker_start(threads: int) -> None:
-    set_threads(threads)
-
-
-def run_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str,
-             t0: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def score_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str,
+               t0: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cells and NOTA cells per split, in the order of the split's methods (floor last)."""
     results: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     workers = min(cfg.workers if device == "cpu" else 1, len(jobs))
     spent = [0.0, 0]  # seconds and methods of the finished jobs
 
-    def done(i: int, result: tuple[dict[str, Any], dict[str, Any]], took: float) -> None:
-        results[i] = result
+    def done(i: int, timed: tuple[tuple[dict[str, Any], dict[str, Any]], float]) -> None:
+        results[i], took = timed
         spent[0] += took
         spent[1] += len(jobs[i].cfg.methods)
         left = sum(len(j.cfg.methods) for k, j in enumerate(jobs) if k not in results)
@@ -95,23 +93,8 @@ def run_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str,
                  len(results), len(jobs), time.perf_counter() - t0,
                  left * spent[0] / spent[1] / workers / 60)
 
-    if workers == 1:
-        for i, job in enumerate(jobs):
-            done(i, *_run_job(job, models, device))
-    else:
-        # Forked workers (CUDA would not survive a fork: one process there).
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                   initializer=_worker_start, initargs=(cfg.threads,))
-        try:
-            futures = {pool.submit(_run_job, job, models, device): i
-                       for i, job in enumerate(jobs)}
-            for future in as_completed(futures):
-                done(futures[future], *future.result())
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+    run_jobs(functools.partial(_run_job, models=models, device=device), jobs, workers,
+             cfg.threads, done)
     cells: dict[str, dict[str, Any]] = {}
     notas: dict[str, dict[str, Any]] = {}
     for i, job in enumerate(jobs):
@@ -163,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     comparison = load_comparison(args.params, cfg.methods)
     jobs = split_jobs(args.splits, names, cfg, comparison, device)
-    per_split, nota = run_jobs(jobs, args.models, cfg, device, t0)
+    per_split, nota = score_jobs(jobs, args.models, cfg, device, t0)
     summary = report.summarise(per_split, nota)
     metrics = report.headline_metrics(summary, args.benchmark,
                                       (*cfg.methods, *comparison.methods))

@@ -45,6 +45,7 @@ from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import file_digest, read_parquet, remove_stale_temporaries, write_json
 from pipeline.schemas import GRAPH_SCHEMA, RELATIONS_SCHEMA
+from pipeline.workers import run_jobs
 
 log = logging.getLogger(__name__)
 
@@ -191,18 +192,6 @@ class Job:
 _SHARED: dict[str, Any] = {}
 
 
-def _worker_start(threads: int) -> None:
-    """A training worker: one torch thread pool of its own; it ends with the stage (Linux)."""
-    set_threads(threads)
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # elsewhere a killed stage may leave a worker to finish its model
-
-
 def _run_job(job: Job) -> tuple[dict[str, Any], bool, float]:
     """Train (or reuse) one model from the shared state; its summary, trained?, seconds."""
     s = _SHARED
@@ -277,7 +266,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trained: list[float] = []  # seconds of the models trained (not reused) so far
     results: dict[int, dict[str, Any]] = {}
 
-    def done(i: int, summary: dict[str, Any], was_trained: bool, took: float) -> None:
+    def done(i: int, result: tuple[dict[str, Any], bool, float]) -> None:
+        summary, was_trained, took = result
         results[i] = summary
         if was_trained:
             trained.append(took)
@@ -289,25 +279,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  time.perf_counter() - t0, eta / 60)
 
     try:
-        if workers == 1:
-            for i, job in enumerate(jobs):
-                done(i, *_run_job(job))
-        else:
-            # Forked workers inherit the graph, the tokens and the warm cache; one torch
-            # thread each (threads) uses the cores better than one process with several.
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
-
-            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                       initializer=_worker_start, initargs=(cfg.threads,))
-            try:
-                futures = {pool.submit(_run_job, job): i for i, job in enumerate(jobs)}
-                for future in as_completed(futures):
-                    done(futures[future], *future.result())
-            finally:
-                # On a failure the models not yet started are dropped; one still training
-                # on the other worker finishes (and is reused by the next run).
-                pool.shutdown(wait=True, cancel_futures=True)
+        # Forked workers inherit the graph, the tokens and the warm cache; one torch thread
+        # each (threads) uses the cores better than one process with several. On a failure
+        # a model still training on another worker finishes (and is reused by the next run).
+        run_jobs(_run_job, jobs, workers, cfg.threads, done)
     finally:
         _SHARED.clear()
     summaries = [results[i] for i in range(len(jobs))]
