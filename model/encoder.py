@@ -154,13 +154,33 @@ def _keep_window(n: int, required: list[tuple[int, int]], budget: int) -> np.nda
 def is_bert_layer(layer: nn.Module) -> bool:
     """Whether ``layer`` is laid out as BERT's (``attention.self.{query,key,value}``, ...).
 
-    Such a layer runs on its own as ``layer(hidden, mask)``; others (MPNet's relative position
-    bias) need their whole model around them.
+    Such a layer runs on its own as ``layer(hidden, mask)``; MPNet's layers also take the
+    relative position bias their model computes (:func:`takes_position_bias`), and others
+    need their whole model around them.
     """
     att = getattr(getattr(layer, "attention", None), "self", None)
     return all(hasattr(att, k) for k in ("query", "key", "value", "num_attention_heads")) and (
         hasattr(layer, "intermediate") and hasattr(layer, "output")
     )
+
+
+def takes_position_bias(model: nn.Module) -> bool:
+    """Whether ``model``'s layers run one by one given its relative position bias (MPNet).
+
+    Such a model's ``encoder.compute_position_bias(hidden)`` gives the bias every layer adds
+    to its attention scores, and a layer runs as ``layer(hidden, mask, position_bias=bias)``.
+    """
+    encoder = getattr(model, "encoder", None)
+    return callable(getattr(encoder, "compute_position_bias", None))
+
+
+def attention_projections(layer: nn.Module) -> tuple[nn.Module, nn.Linear, nn.Linear, nn.Linear]:
+    """The self-attention module of a BERT or MPNet layer and its query, key and value."""
+    if is_bert_layer(layer):
+        att = layer.attention.self
+        return att, att.query, att.key, att.value
+    att = layer.attention.attn
+    return att, att.q, att.k, att.v
 
 
 class SentenceEncoder(nn.Module):
@@ -189,7 +209,8 @@ class SentenceEncoder(nn.Module):
             raise PipelineError(
                 f"model.train_layers={config.train_layers} but the encoder has {n_layers} layers"
             )
-        if 0 < config.train_layers and not is_bert_layer(layers[-1]):
+        if 0 < config.train_layers and not (is_bert_layer(layers[-1])
+                                            or takes_position_bias(model)):
             raise PipelineError(
                 f"encoder {config.name} ({type(model).__name__}) cannot run its top layers "
                 "apart from the model; set model.train_layers to 0 (frozen) or -1 (all)"
@@ -201,10 +222,11 @@ class SentenceEncoder(nn.Module):
             for layer in layers[self.split :]:
                 for p in layer.parameters():
                     p.requires_grad_(True)
-        self.kv_cached = config.freeze_top_kv and is_bert_layer(layers[-1])
+        self.kv_cached = config.freeze_top_kv and (is_bert_layer(layers[-1])
+                                                   or takes_position_bias(model))
         if self.kv_cached:
-            att = layers[-1].attention.self
-            for p in (*att.key.parameters(), *att.value.parameters()):
+            _, _, key, value = attention_projections(layers[-1])
+            for p in (*key.parameters(), *value.parameters()):
                 p.requires_grad_(False)
 
     @classmethod

@@ -31,7 +31,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.encoder import SentenceEncoder, TokenizedSet, is_bert_layer
+from model.encoder import (
+    SentenceEncoder,
+    TokenizedSet,
+    attention_projections,
+    is_bert_layer,
+    takes_position_bias,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +132,34 @@ def _mask(encoder: SentenceEncoder, hidden: torch.Tensor, attention_mask: torch.
     )
 
 
+def _position_bias(encoder: SentenceEncoder, length: int, pos: torch.Tensor | None = None,
+                   like: torch.Tensor | None = None) -> torch.Tensor | None:
+    """MPNet's relative position bias for queries at ``pos`` (every token when None).
+
+    None for BERT layers, which have no such bias. With ``pos`` None the model's own
+    ``compute_position_bias`` runs on ``like`` (the layer input), so the bias is the model's
+    exactly.
+
+    Shapes:
+        pos: (B, P) -> (B, heads, P, L); like: (B, L, H) -> (B, heads, L, L)
+    """
+    if not takes_position_bias(encoder.model) or is_bert_layer(encoder.layers()[-1]):
+        return None
+    model = encoder.model.encoder
+    if pos is None:
+        return model.compute_position_bias(like)
+    keys = torch.arange(length, device=pos.device)
+    bucket = model.relative_position_bucket(keys[None, None, :] - pos[..., None])  # (B, P, L)
+    return model.relative_attention_bias(bucket).permute(0, 3, 1, 2)  # (B, heads, P, L)
+
+
+def _run_layer(layer: nn.Module, hidden: torch.Tensor, mask, bias: torch.Tensor | None):
+    """One whole layer, BERT's (``bias`` None) or MPNet's (with its position bias)."""
+    if bias is None:
+        return layer(hidden, mask)
+    return layer(hidden, mask, position_bias=bias)[0]
+
+
 @torch.no_grad()
 def lower(encoder: SentenceEncoder, batch: dict) -> torch.Tensor:
     """Hidden states after the frozen part (embeddings + lower layers), no gradient.
@@ -134,15 +168,16 @@ def lower(encoder: SentenceEncoder, batch: dict) -> torch.Tensor:
         batch["input_ids"]: (B, L) -> (B, L, H)
     """
     layers = encoder.layers()
-    if not is_bert_layer(layers[0]):
-        # Layers that need their model around them (MPNet's position bias) only freeze all
-        # together (SentenceEncoder allows train_layers 0 or -1 for them): the model's output.
+    if not (is_bert_layer(layers[0]) or takes_position_bias(encoder.model)):
+        # Layers that need their model around them only freeze all together
+        # (SentenceEncoder allows train_layers 0 or -1 for them): the model's output.
         out = encoder.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         return out.last_hidden_state  # (B, L, H)
     hidden = encoder.model.embeddings(input_ids=batch["input_ids"])  # (B, L, H)
     mask = _mask(encoder, hidden, batch["attention_mask"])
+    bias = _position_bias(encoder, hidden.shape[1], like=hidden)
     for layer in layers[: encoder.split]:
-        hidden = layer(hidden, mask)
+        hidden = _run_layer(layer, hidden, mask, bias)
     return hidden  # (B, L, H)
 
 
@@ -156,10 +191,14 @@ def upper(encoder: SentenceEncoder, hidden: torch.Tensor, batch: dict) -> torch.
     if len(layers) == 0:
         return encoder.pool(hidden, batch)
     mask = _mask(encoder, hidden, batch["attention_mask"])
-    for layer in layers[:-1]:
-        hidden = layer(hidden, mask)
-    out = layer_at(layers[-1], hidden, batch["attention_mask"], pool_positions(encoder, batch),
-                   used=positions_used(encoder, batch))
+    if len(layers) > 1:
+        bias = _position_bias(encoder, hidden.shape[1], like=hidden)
+        for layer in layers[:-1]:
+            hidden = _run_layer(layer, hidden, mask, bias)
+    pos = pool_positions(encoder, batch)
+    out = layer_at(layers[-1], hidden, batch["attention_mask"], pos,
+                   used=positions_used(encoder, batch),
+                   bias=_position_bias(encoder, hidden.shape[1], pos))
     return pool_at(encoder, out, batch)  # (B, D)
 
 
@@ -170,10 +209,10 @@ def top_kv(encoder: SentenceEncoder, hidden: torch.Tensor, batch: dict) -> Froze
     Shapes:
         hidden: (B, L, H) -> FrozenStates(hidden (B, P, H), kv (B, L, 2H))
     """
-    att = encoder.layers()[-1].attention.self
+    _, _, key, value = attention_projections(encoder.layers()[-1])
     pos = pool_positions(encoder, batch)  # (B, P)
     picked = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, P, H)
-    kv = torch.cat([att.key(hidden), att.value(hidden)], dim=-1)  # (B, L, 2H)
+    kv = torch.cat([key(hidden), value(hidden)], dim=-1)  # (B, L, 2H)
     return FrozenStates(hidden=picked, kv=kv)
 
 
@@ -185,8 +224,10 @@ def upper_kv(encoder: SentenceEncoder, picked: torch.Tensor, kv: torch.Tensor,
         picked: (B, P, H), kv: (B, L, 2H) -> (B, D)
     """
     k, v = kv.chunk(2, dim=-1)  # 2 x (B, L, H)
+    bias = _position_bias(encoder, kv.shape[1], pool_positions(encoder, batch))
     out = layer_at(encoder.layers()[-1], None, batch["attention_mask"], None,
-                   picked=picked, kv=(k, v), used=positions_used(encoder, batch))  # (B, P, H)
+                   picked=picked, kv=(k, v), used=positions_used(encoder, batch),
+                   bias=bias)  # (B, P, H)
     return pool_at(encoder, out, batch)  # (B, D)
 
 
@@ -198,8 +239,9 @@ def layer_at(
     picked: torch.Tensor | None = None,
     kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     used: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One BERT layer evaluated only at token positions ``pos`` (all tokens as keys).
+    """One BERT or MPNet layer evaluated only at token positions ``pos`` (all tokens as keys).
 
     The same computation as ``layer(hidden, mask)[:, pos]`` written out with the layer's own
     modules, so that only P queries run. ``picked`` (the layer input at ``pos``) and ``kv``
@@ -207,34 +249,41 @@ def layer_at(
     ``hidden``. With ``used`` (how many of each row's P positions are real, the rest padding)
     the output projection and feed-forward, most of the layer's work, run on the real
     positions only, and padded positions come out as zeros: rows pad to the longest entity
-    pair, about 1.7x the mean on NYT-25.
+    pair, about 1.7x the mean on NYT-25. An MPNet layer takes ``bias``, its relative position
+    bias for the queries at ``pos`` (see :func:`_position_bias`).
 
     Shapes:
-        hidden: (B, L, H), key_mask: (B, L), pos: (B, P), used: (B,) -> (B, P, H)
+        hidden: (B, L, H), key_mask: (B, L), pos: (B, P), used: (B,),
+        bias: (B, heads, P, L) -> (B, P, H)
     """
-    att = layer.attention.self
+    att, query, key, value = attention_projections(layer)
     heads, size = att.num_attention_heads, att.attention_head_size
     if picked is None:
         picked = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, P, H)
     if kv is None:
-        kv = (att.key(hidden), att.value(hidden))
+        kv = (key(hidden), value(hidden))
     b, length = kv[0].shape[:2]
-    q = att.query(picked).view(b, -1, heads, size).transpose(1, 2)  # (B, heads, P, size)
+    q = query(picked).view(b, -1, heads, size).transpose(1, 2)  # (B, heads, P, size)
     k = kv[0].view(b, length, heads, size).transpose(1, 2)  # (B, heads, L, size)
     v = kv[1].view(b, length, heads, size).transpose(1, 2)  # (B, heads, L, size)
+    mask = key_mask[:, None, None, :].bool()  # (B, 1, 1, L)
+    if bias is not None:  # added to the scores, as MPNet's own attention does
+        mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))  # (B, heads, P, L)
     ctx = nn.functional.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=key_mask[:, None, None, :].bool(),  # (B, 1, 1, L)
-        dropout_p=att.dropout.p if layer.training else 0.0,
+        q, k, v, attn_mask=mask, dropout_p=att.dropout.p if layer.training else 0.0
     )
     ctx = ctx.transpose(1, 2).reshape(b, -1, heads * size)  # (B, P, H)
+
+    def attend(ctx: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+        if is_bert_layer(layer):
+            return layer.attention.output(ctx, picked)
+        return layer.attention.LayerNorm(layer.attention.dropout(att.o(ctx)) + picked)
+
     if used is None:
-        attended = layer.attention.output(ctx, picked)
+        attended = attend(ctx, picked)
         return layer.output(layer.intermediate(attended), attended)  # (B, P, H)
     real = torch.arange(ctx.shape[1], device=ctx.device)[None, :] < used[:, None]  # (B, P)
-    attended = layer.attention.output(ctx[real], picked[real])  # (R, H), R real positions
+    attended = attend(ctx[real], picked[real])  # (R, H), R real positions
     out = ctx.new_zeros(ctx.shape)
     out[real] = layer.output(layer.intermediate(attended), attended)
     return out  # (B, P, H)

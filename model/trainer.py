@@ -183,6 +183,9 @@ def prepare(split_dir: Path, method: str, model_params: ModelParams, sched: Trai
             f"train.ways={list(sched.ways)} all exceed the {len(train_s.relations)} training "
             f"relations of {split_dir.name}; lower train.ways"
         )
+    if len(ways) < len(sched.ways):
+        log.info("%s/%s: train.ways %s skipped (%d training relations)", split_dir.name, method,
+                 [w for w in sched.ways if w not in ways], len(train_s.relations))
     for w in ways:
         train_s.check(w, max(sched.shots), sched.queries)
     if min(sched.shots) == 0 and not registry.get(method).zero_shot:

@@ -9,7 +9,7 @@ from model.encoder import (
     _keep_window,
     resolve_encoder_path,
 )
-from model.encoder_cache import FrozenStates, LowerCache, encode_all, encode_rows
+from model.encoder_cache import FrozenStates, LowerCache, encode_all, encode_rows, lower
 from pipeline.errors import PipelineError
 from tests.conftest import project_params
 from tests.model.tiny_regrab import tiny_encoder, toy_table
@@ -258,16 +258,63 @@ def _tiny_mpnet(folder):
     return folder
 
 
-def test_non_bert_layers_freeze_whole_or_train_whole(tmp_path):
+def test_mpnet_frozen_or_whole_equals_plain_forward(tmp_path):
     folder = _tiny_mpnet(tmp_path / "mpnet")
     enc = _encoder(folder, train_layers=0).eval()
     tok = enc.tokenize(toy_table(["P1", "P2"], 3, seed=5))
     out = enc(tok.batch(np.arange(6)))
     assert torch.allclose(encode_all(enc, tok, LowerCache(), batch_size=4), out, atol=1e-5)
     assert torch.allclose(encode_rows(enc, tok, np.arange(6), None), out, atol=1e-5)
+    _encoder(folder, train_layers=-1)
+
+
+@pytest.mark.parametrize("train_layers,kv", [(1, False), (1, True), (2, False)])
+@pytest.mark.parametrize("pooling", ["markers", "markers_mean"])
+def test_mpnet_top_layers_run_apart_with_position_bias(tmp_path, train_layers, kv, pooling):
+    """MPNet's layers take the relative position bias of their model: run one by one, at the
+    pooled tokens only, or from cached keys/values, they must give the model's encoding."""
+    folder = _tiny_mpnet(tmp_path / "mpnet")
+    enc = _encoder(folder, train_layers=train_layers, freeze_top_kv=kv, pooling=pooling).eval()
+    assert enc.kv_cached is kv
+    tok = enc.tokenize(toy_table(["P1", "P2", "P3"], 4, seed=5))
+    batch = tok.batch(np.arange(12))
+    hidden = enc.model(input_ids=batch["input_ids"],
+                       attention_mask=batch["attention_mask"]).last_hidden_state
+    plain = enc.pool(hidden, batch)
+    assert torch.allclose(enc(batch), plain, atol=1e-5)
+    cache = LowerCache()
+    assert torch.allclose(encode_rows(enc, tok, np.arange(12), cache, batch_size=5), plain,
+                          atol=1e-5)
+    assert torch.allclose(encode_rows(enc, tok, np.arange(12)[::-1], cache), plain.flip(0),
+                          atol=1e-5)  # read back from the cache
+    assert torch.allclose(encode_rows(enc, tok, np.arange(12), None), plain, atol=1e-5)
+    # Only the top layers get gradients (and not the frozen keys/values with kv caching).
+    enc.train()
+    encode_rows(enc, tok, np.arange(12), cache).sum().backward()
+    top = enc.model.encoder.layer[-1].attention.attn
+    assert top.q.weight.grad is not None
+    assert (top.k.weight.grad is None) is kv
+    frozen = enc.model.encoder.layer[0] if train_layers == 1 else enc.model.embeddings
+    assert all(p.grad is None for p in frozen.parameters())
+
+
+def test_layers_without_a_known_layout_freeze_whole_or_train_whole(tmp_path, monkeypatch):
+    """A model whose layers neither run alone (BERT) nor take a position bias (MPNet)."""
+    import model.encoder
+    import model.encoder_cache
+
+    folder = _tiny_mpnet(tmp_path / "mpnet")
+    for module in (model.encoder, model.encoder_cache):  # the layout is no longer recognised
+        monkeypatch.setattr(module, "takes_position_bias", lambda _: False)
+    enc = _encoder(folder, train_layers=0).eval()
+    tok = enc.tokenize(toy_table(["P1", "P2"], 3, seed=1))
+    batch = tok.batch(np.arange(6))
+    assert torch.allclose(lower(enc, batch), enc.model(**{k: batch[k] for k in (
+        "input_ids", "attention_mask")}).last_hidden_state)  # the model's own forward
+    assert torch.allclose(encode_all(enc, tok, LowerCache(), batch_size=4), enc(batch),
+                          atol=1e-5)
     with pytest.raises(PipelineError, match="train_layers to 0"):
         _encoder(folder, train_layers=1)
-    _encoder(folder, train_layers=-1)
 
 
 def test_checkpoint_configs_from_before_block_norm_still_load():

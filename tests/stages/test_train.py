@@ -266,3 +266,15 @@ def test_progress_counts_models_and_estimates_what_is_left(inputs, tmp_path, cap
     caplog.clear()
     _run(inputs, tmp_path / "p", methods=["proto", "mtb"], steps=2, val_every=2)  # reused
     assert sum(" of 2 done" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_ways_above_the_training_relations_are_skipped_and_said(inputs, tmp_path, caplog):
+    """A benchmark with few training relations (NYT-25: 10) trains on the ways it has room for,
+    the same model as without the larger ways listed; the skip is logged."""
+    _run(inputs, tmp_path / "a")
+    with caplog.at_level("INFO", logger="model.trainer"):
+        _run(inputs, tmp_path / "b", ways=[2, 3, 5])
+    a, b = (_weights(tmp_path / run / "split_0/regrab/model.safetensors") for run in "ab")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any("train.ways [5] skipped (3 training relations)" in r.getMessage()
+               for r in caplog.records)
