@@ -56,9 +56,9 @@ import torch
 from torch import nn
 
 from model.baselines import require_shots
-from model.langevin import LangevinConfig
+from model.langevin import LangevinConfig, prototype_logits
 from model.registry import Method
-from model.versa import SampledPrototypeHead, gaussian_samples, prototype_logits
+from model.versa import SampledPrototypeHead, gaussian_samples
 
 #: Starting per-dimension scale sigma of the particles around the support means.
 INIT_STD = 0.1

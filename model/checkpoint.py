@@ -160,6 +160,10 @@ def load_model(
     if isinstance(raw, dict) and isinstance(raw.get("prior"), dict) and "text" not in raw["prior"]:
         # Written before model.prior.text existed: the prior read the graph only.
         raw = {**raw, "prior": {**raw["prior"], "text": False}}
+    if (isinstance(raw, dict) and isinstance(raw.get("langevin"), dict)
+            and "eval_samples" not in raw["langevin"]):
+        # Written before model.langevin.eval_samples existed: evaluation drew ``samples``.
+        raw = {**raw, "langevin": {**raw["langevin"], "eval_samples": 0}}
     config = RegrabConfig.from_dict(raw, f"checkpoint {path} config")
     if payload.get("encoder_files"):
         # An exported folder carries its own copy of the pre-trained encoder.

@@ -30,7 +30,7 @@ from model.langevin import (
     LangevinSampler,
     heldout_scales,
     log_evidence,
-    similarity_logits,
+    prototype_logits,
 )
 from model.registry import Head, Method
 from pipeline.errors import PipelineError
@@ -109,7 +109,7 @@ class RegrabHead(nn.Module):
                 "zero-shot needs the graph prior; this method has none (use regrab)"
             )
         v = self.sampler(support, h, generator)  # (B, S, N, D)
-        return similarity_logits(query[:, None], v, cfg.similarity, cfg.temperature)
+        return prototype_logits(query, v, cfg.similarity, cfg.temperature)
 
     def evidence(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
         """Log marginal likelihood of labelled sentences per way; None unless the likelihood

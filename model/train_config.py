@@ -18,6 +18,7 @@ from typing import Any
 from model import registry
 from model.episodes import Setting
 from pipeline.config import field, load_params, load_section
+from pipeline.errors import PipelineError
 
 #: ``train`` settings that do not change the trained model (left out of the fingerprint).
 NOT_IN_FINGERPRINT = ("methods", "splits", "per_setting", "checkpoint_every", "dvclive",
@@ -138,14 +139,29 @@ class ComparisonConfig:
         episodes: test episodes per setting and split they are scored on: the first this many
             of the episodes every method sees, and as many of the NOTA and temperature
             episodes at most.
+        max_ways: their training episodes have at most this many ways: ``train.ways`` above
+            it are not drawn for them (0: every one). GNN and the pair classifier score every
+            pair of ways, so their cost grows with N squared.
     """
 
     methods: tuple[str, ...]
     splits: tuple[str, ...]
     episodes: int = field(ge=1)
+    max_ways: int = field(ge=0)
 
     def __post_init__(self) -> None:
         registry.check(self.methods, "comparison.methods")
+
+    def schedule(self, cfg: TrainConfig) -> TrainConfig:
+        """The ``train`` section as the comparison's methods train: ways capped."""
+        if not self.max_ways:
+            return cfg
+        ways = tuple(w for w in cfg.ways if w <= self.max_ways)
+        if not ways:
+            raise PipelineError(
+                f"comparison.max_ways {self.max_ways} is below every train.ways "
+                f"{list(cfg.ways)}; raise it, or set 0 to train the comparison on every one")
+        return dataclasses.replace(cfg, ways=ways)
 
     def runs_on(self, split: str) -> bool:
         """Whether the comparison runs on the split folder named ``split``."""
@@ -156,7 +172,7 @@ def load_comparison(params: Path, methods: tuple[str, ...]) -> ComparisonConfig:
     """The ``comparison`` section (none when params has no such section), less the methods
     already in ``methods`` (those run on every split anyway)."""
     if "comparison" not in (load_params(params) or {}):
-        return ComparisonConfig(methods=(), splits=(), episodes=1)
+        return ComparisonConfig(methods=(), splits=(), episodes=1, max_ways=0)
     comparison = load_section(ComparisonConfig, "comparison", params)
     return dataclasses.replace(
         comparison, methods=tuple(m for m in comparison.methods if m not in methods))

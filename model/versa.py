@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from model.baselines import PriorFreeHead, require_shots
-from model.langevin import LangevinConfig
+from model.langevin import LangevinConfig, prototype_logits
 from model.registry import Method
 
 #: Width of the amortisation network's hidden layers.
@@ -65,26 +65,6 @@ def gaussian_kl_to_standard_normal(mean: torch.Tensor, log_var: torch.Tensor) ->
         mean, log_var: (..., D) -> (...)
     """
     return 0.5 * (log_var.exp() + mean * mean - 1.0 - log_var).sum(-1)
-
-
-def prototype_logits(x: torch.Tensor, v: torch.Tensor, similarity: str,
-                     temperature: float) -> torch.Tensor:
-    """``similarity_logits(x[:, None], v, ...)`` for S prototype sets at once.
-
-    The same numbers, computed with one matrix product per episode: the broadcast product
-    copies x once per sample, which made evaluation batches (250 episodes) ten times slower.
-
-    Shapes:
-        x: (B, Q, D), v: (B, S, N, D) -> (B, S, Q, N)
-    """
-    b, s, n, d = v.shape
-    dot = (x @ v.reshape(b, s * n, d).transpose(1, 2)).view(b, -1, s, n)  # (B, Q, S, N)
-    dot = dot.transpose(1, 2)  # (B, S, Q, N)
-    if similarity == "dot":
-        return dot / temperature
-    sq_x = (x * x).sum(-1)[:, None, :, None]  # (B, 1, Q, 1)
-    sq_v = torch.linalg.vector_norm(v, dim=-1).square()[:, :, None, :]  # (B, S, 1, N)
-    return -0.5 * (sq_x - 2 * dot + sq_v) / temperature
 
 
 def gaussian_samples(mean: torch.Tensor, std: torch.Tensor, samples: int,
@@ -178,13 +158,14 @@ class VersaHead(SampledPrototypeHead):
         """S reparameterised prototype samples per way (the mean alone without noise).
 
         Shapes:
-            support: (B, N, K, D) -> (B, S, N, D), S = ``samples`` (1 without noise)
+            support: (B, N, K, D) -> (B, S, N, D), S = ``samples`` in training and
+            ``eval_samples`` (when set) at evaluation (1 without noise)
         """
         mean, log_var = self.posterior(support)
         if not self.noisy():
             return mean[:, None]  # (B, 1, N, D)
-        return gaussian_samples(mean, (0.5 * log_var).exp()[:, None], self.config.samples,
-                                generator)
+        return gaussian_samples(mean, (0.5 * log_var).exp()[:, None],
+                                self.config.draws(self.training), generator)
 
 
 def _versa(config, graph, dim: int) -> VersaHead:

@@ -186,6 +186,7 @@ class Job:
     setting_index: int
     setting: Setting | None
     out: Path
+    cfg: TrainConfig  # the ``train`` section as this method trains (the comparison's capped)
 
 
 #: What forked training workers share with the stage (set before they start).
@@ -197,7 +198,7 @@ def _run_job(job: Job) -> tuple[dict[str, Any], bool, float]:
     s = _SHARED
     start = time.perf_counter()
     summary, trained = train_one(
-        job.split_dir, job.method, job.out, s["model_params"], s["cfg"], s["inputs"],
+        job.split_dir, job.method, job.out, s["model_params"], job.cfg, s["inputs"],
         s["graph"], s["device"], s["tokens"], s["cache"].copy(),
         (job.split_index, registry.names().index(job.method), job.setting_index),
         setting=job.setting)
@@ -240,9 +241,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"nothing to train: train.per_setting {list(cfg.per_setting)} is zero-shot only, "
             f"and none of train.methods {list(cfg.methods)} has zero-shot models; add a "
             "setting with shots (e.g. 5w1s) or a zero-shot method (regrab)")
+    capped = comparison.schedule(cfg)
     jobs = [Job(si, split_dir, method, j, setting,
                 args.out / split_dir.name / method if setting is None
-                else args.out / split_dir.name / method / setting.name)
+                else args.out / split_dir.name / method / setting.name,
+                capped if method in comparison.methods else cfg)
             for si, split_dir in enumerate(split_dirs(args.splits, cfg.splits))
             for method in (*cfg.methods, *(comparison.methods if comparison.runs_on(
                 split_dir.name) else ()))
@@ -251,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # Models to train now (the rest are finished with the same fingerprint and reused).
     todo = [job for job in jobs if finished_summary(
         job.out / MODEL_FILE, job.out / STATE_FILE,
-        run_fingerprint(job.split_dir, job.method, model_params, cfg, inputs, job.setting),
+        run_fingerprint(job.split_dir, job.method, model_params, job.cfg, inputs, job.setting),
     ) is None]
     # CUDA does not survive a fork, and one process keeps a GPU busy: one worker there.
     workers = max(1, min(cfg.workers if device == "cpu" else 1, len(todo)))
@@ -261,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         warm_cache(todo, model_params, cfg, graph, device, tokens, lower_cache)
         log.info("frozen layers encoded for %d split(s) in %.0f s",
                  len({job.split_dir for job in todo}), time.perf_counter() - t_warm)
-    _SHARED.update(model_params=model_params, cfg=cfg, inputs=inputs, graph=graph,
+    _SHARED.update(model_params=model_params, inputs=inputs, graph=graph,
                    device=device, tokens=tokens, cache=lower_cache)
     trained: list[float] = []  # seconds of the models trained (not reused) so far
     results: dict[int, dict[str, Any]] = {}

@@ -81,7 +81,7 @@ def test_preconditioned_chain_samples_the_gaussian_posterior():
     h = torch.randn(1, 3, 5, dtype=torch.float64)
     cfg = _cfg(samples=4000, steps=60, step_size=0.2, likelihood="gaussian",
                prior_precision=3.0, likelihood_variance=0.4, scales="fixed",
-               init_prior_weight=0.0, init_mean_weight=0.0, noise_eval=True)
+               init_prior_weight=0.0, init_mean_weight=0.0, noise_eval=True, eval_samples=0)
     v = LangevinSampler(cfg).eval()(support, h, torch.Generator().manual_seed(0))
     mean, var = gaussian_posterior(support, h, 3.0, 0.4)
     assert torch.allclose(v.mean(1), mean, atol=0.02)
@@ -112,7 +112,8 @@ def test_step_is_pure_and_follows_update_rule():
 def test_sampler_shapes_noise_seed_and_decay():
     torch.manual_seed(2)
     support, h = torch.randn(4, 5, 2, 8), torch.randn(4, 5, 8)
-    sampler = LangevinSampler(_cfg(samples=7, steps=3, noise_train=True, noise_eval=True))
+    sampler = LangevinSampler(_cfg(samples=7, steps=3, noise_train=True, noise_eval=True,
+                                   eval_samples=0))
     sampler.train()
     v = sampler(support, h, torch.Generator().manual_seed(0))
     assert v.shape == (4, 7, 5, 8)
@@ -129,10 +130,31 @@ def test_sampler_shapes_noise_seed_and_decay():
     assert torch.allclose(frozen(support, h), one(support, h))
 
 
+def test_eval_samples_draw_more_chains_at_evaluation_only():
+    torch.manual_seed(3)
+    support, h = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 4)
+    sampler = LangevinSampler(_cfg(samples=4, steps=2, noise_train=True, noise_eval=True,
+                                   eval_samples=9))
+    assert sampler.train()(support, h, torch.Generator().manual_seed(0)).shape == (2, 4, 3, 4)
+    v = sampler.eval()(support, h, torch.Generator().manual_seed(0))
+    assert v.shape == (2, 9, 3, 4)
+    zero = sampler(torch.zeros(2, 3, 0, 4), h, torch.Generator().manual_seed(0))
+    assert zero.shape == (2, 9, 3, 4)  # zero-shot samples the prior as often
+    # Without noise every chain is the same: one, whatever eval_samples says.
+    quiet = LangevinSampler(_cfg(noise_eval=False, eval_samples=9)).eval()
+    assert quiet(support, h).shape == (2, 1, 3, 4)
+    # More draws estimate the same posterior: their mean comes closer to its mean.
+    cfg = _cfg(samples=2, steps=0, likelihood="gaussian", noise_eval=True, eval_samples=4000)
+    mean = LangevinSampler(dataclasses.replace(cfg, noise_eval=False)).eval()(support, h)
+    many = LangevinSampler(cfg).eval()(support, h, torch.Generator().manual_seed(1))
+    assert torch.allclose(many.mean(1), mean[:, 0], atol=0.1)
+
+
 def test_zero_shot_samples_the_prior():
     h = torch.randn(2, 3, 4)
     empty = torch.zeros(2, 3, 0, 4)
-    cfg = _cfg(samples=3000, likelihood="gaussian", prior_precision=4.0, noise_eval=True)
+    cfg = _cfg(samples=3000, likelihood="gaussian", prior_precision=4.0, noise_eval=True,
+               eval_samples=0)
     v = LangevinSampler(cfg).eval()(empty, h, torch.Generator().manual_seed(0))
     assert v.shape == (2, 3000, 3, 4)
     assert torch.allclose(v.mean(1), h, atol=0.05)
@@ -185,7 +207,7 @@ def test_gaussian_chain_in_closed_form_equals_the_step_by_step_chain():
     h = torch.randn(2, 3, 5, dtype=torch.float64)
     cfg = _cfg(samples=20000, steps=4, step_size=0.7, step_decay=0.8, likelihood="gaussian",
                prior_precision=2.0, likelihood_variance=0.3, scales="fixed",
-               init_prior_weight=0.5, init_mean_weight=0.0, noise_eval=True)
+               init_prior_weight=0.5, init_mean_weight=0.0, noise_eval=True, eval_samples=0)
     sampler = LangevinSampler(cfg).eval()
     # Step by step with the pure functions, the way the softmax likelihoods run.
     v = init_prototypes(support, h, 0.5, 0.0)[:, None].expand(-1, 20000, -1, -1)

@@ -80,7 +80,7 @@ def test_evaluation_sampling_is_seeded():
     a = head.sample_logits(support, query, h, torch.Generator().manual_seed(3))
     b = head.sample_logits(support, query, h, torch.Generator().manual_seed(3))
     c = head.sample_logits(support, query, h, torch.Generator().manual_seed(4))
-    assert a.shape == (2, cfg.langevin.samples, 5, 3)
+    assert a.shape == (2, cfg.langevin.draws(training=False), 5, 3)
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
@@ -138,6 +138,20 @@ def test_checkpoint_from_before_the_label_prior_loads_as_graph_only(tmp_path):
     loaded, _ = load_model(tmp_path / "m.pt")
     assert loaded.config.prior.text is False
     assert torch.equal(model.head.prior_states(), loaded.head.prior_states())
+
+
+def test_checkpoint_from_before_eval_samples_draws_its_training_samples(tmp_path):
+    enc_dir = tiny_encoder(tmp_path / "bert")
+    cfg = model_config("regrab", encoder={"name": str(enc_dir), "train_layers": 1},
+                       langevin={"samples": 3, "eval_samples": 7})
+    save_model(tmp_path / "m.pt", build_model(cfg, _graph()), {"step": 1})
+    assert load_model(tmp_path / "m.pt")[0].config.langevin.draws(training=False) == 7
+    payload = read_payload(tmp_path / "m.pt")
+    del payload["config"]["langevin"]["eval_samples"]  # as written before it existed
+    save_payload(tmp_path / "m.pt", payload)
+    loaded, _ = load_model(tmp_path / "m.pt")
+    assert loaded.config.langevin.eval_samples == 0
+    assert loaded.config.langevin.draws(training=False) == 3
 
 
 def test_checkpoint_roundtrip_without_params(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from model.langevin import similarity_logits
+from model.langevin import prototype_logits, similarity_logits
 from model.registry import Head
 from model.regrab import mc_log_predictive
 from model.versa import (
@@ -14,7 +14,6 @@ from model.versa import (
     METHODS,
     VersaHead,
     gaussian_kl_to_standard_normal,
-    prototype_logits,
 )
 from pipeline.errors import PipelineError
 from tests.conftest import model_config
@@ -86,7 +85,7 @@ def test_sampling_repeats_with_a_seed_and_uses_the_variance():
 
 @pytest.mark.parametrize("ways,shots", [(2, 1), (5, 1), (5, 3)])
 def test_logits_and_predictive_for_any_ways_and_shots(ways, shots):
-    h = trained_looking(head(samples=6)).eval()
+    h = trained_looking(head(samples=3, eval_samples=6)).eval()
     support, query = torch.randn(2, ways, shots, D), torch.randn(2, 7, D)
     with torch.no_grad():
         logits = h.sample_logits(support, query, None, torch.Generator().manual_seed(0))

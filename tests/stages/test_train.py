@@ -278,3 +278,34 @@ def test_ways_above_the_training_relations_are_skipped_and_said(inputs, tmp_path
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert any("train.ways [5] skipped (3 training relations)" in r.getMessage()
                for r in caplog.records)
+
+
+def _run_with(inputs, out, params):
+    root, enc, splits, graph, features = inputs
+    path = out.parent / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return train.main(["--splits", str(splits), "--graph", str(graph), "--features",
+                       str(features), "--relations", str(labels_of(graph)), "--out", str(out),
+                       "--params", str(path)])
+
+
+def test_comparison_trains_on_episodes_of_at_most_max_ways(inputs, tmp_path):
+    """comparison.max_ways drops the larger train.ways for the comparison's methods only: the
+    capped model is the one those ways alone train, and the other methods keep every way."""
+    root, enc = inputs[0], inputs[1]
+    params = yaml.safe_load(_params(root, enc, methods=["regrab"], ways=[2, 3]).read_text())
+    params["comparison"] = {"methods": ["proto"], "splits": [], "episodes": 5, "max_ways": 2}
+    _run_with(inputs, tmp_path / "capped", params)
+    capped = read_payload(tmp_path / "capped/split_0/proto/model.safetensors")
+    assert tuple(capped["params"]["train"]["ways"]) == (2,)
+    regrab = read_payload(tmp_path / "capped/split_0/regrab/model.safetensors")
+    assert tuple(regrab["params"]["train"]["ways"]) == (2, 3)
+    alone = dict(params, comparison={**params["comparison"], "methods": []})
+    alone["train"] = {**params["train"], "methods": ["proto"], "ways": [2]}
+    _run_with(inputs, tmp_path / "alone", alone)
+    a = _weights(tmp_path / "alone/split_0/proto/model.safetensors")
+    assert a.keys() == capped["state"].keys()
+    assert all(torch.equal(a[k], capped["state"][k]) for k in a)
+    params["comparison"]["max_ways"] = 1
+    with pytest.raises(PipelineError, match=r"comparison.max_ways 1 is below every train.ways"):
+        _run_with(inputs, tmp_path / "none", params)
