@@ -13,6 +13,9 @@ from the graph, from the relation's name alone, or from the shared fallback
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 
 from model import registry
 from model.checkpoint import MODEL_FILE, model_file, read_payload
@@ -28,6 +32,9 @@ from model.episodes import Setting
 from model.evaluation import FLOOR, EvalConfig, SplitEpisodes, evaluate_episodes
 from pipeline import report
 from pipeline.errors import PipelineError
+from pipeline.workers import run_jobs
+
+log = logging.getLogger(__name__)
 
 
 def checkpoints(models: Path, methods: list[str]) -> dict[str, dict[str, Path]]:
@@ -112,7 +119,7 @@ def vs_floor(per_split: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
 def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
                 settings: list[Setting], device: str, methods: list[str] | None = None,
                 episodes: int | None = None, keep_trained: bool = False,
-                listed: Iterable[str] = ()) -> dict[str, Any]:
+                listed: Iterable[str] = (), workers: int = 1) -> dict[str, Any]:
     """Score every method trained on every split under ``models`` on ``table``.
 
     Args:
@@ -126,6 +133,8 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
         episodes: episodes per setting and split (None: ``base.episodes``).
         keep_trained: keep (and flag) relations a checkpoint trained or validated on.
         listed: every relation of the file, so empty ones are counted as skipped.
+        workers: processes scoring at once (CPU only), one split each, or shares of a
+            split's methods when there are fewer splits; the numbers do not depend on it.
 
     Returns:
         ``summary`` (:func:`pipeline.report.summarise`, plus ``relations``, ``priors`` and
@@ -170,19 +179,70 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
             f"{'' if keep_trained else ', not trained on'}), fewer than the ways of "
             f"{too_many}; lower N in --settings" + ("" if keep_trained else
                                                     " or pass --keep-trained"))
-    per_split, nota, priors = {}, {}, {}
-    cache = LowerCache()
-    for i, split in enumerate(found):
-        # The data is no model's split, so no model is checked against one.
-        eps = SplitEpisodes(split, table, cfg, i)
-        per_split[split], nota[split] = evaluate_episodes(eps, models, cfg, device, cache)
-        for method, counts in eps.priors.items():
+    workers = workers if str(device) == "cpu" else 1  # CUDA does not survive a fork
+    shares = _shares(list(found), cfg, workers)
+    workers = max(1, min(workers, len(shares)))
+    # One process shares one frozen-layer cache between splits (the same sentences); forked
+    # workers each fill their own.
+    score = functools.partial(_score_share, table=table, models=models, device=device,
+                              cache=LowerCache() if workers == 1 else None)
+    results: dict[int, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+    t0 = time.perf_counter()
+
+    def done(i: int, result: tuple[dict[str, Any], dict[str, Any], dict[str, Any]]) -> None:
+        results[i] = result
+        log.info("%s: %s scored (%d of %d, %.0f s so far)", shares[i].split,
+                 ", ".join(shares[i].cfg.methods) or FLOOR, len(results), len(shares),
+                 time.perf_counter() - t0)
+
+    run_jobs(score, shares, workers, cfg.threads, done)
+    cells: dict[str, dict[str, Any]] = {}
+    notas: dict[str, dict[str, Any]] = {}
+    priors: dict[str, dict[str, int]] = {}
+    for i, share in enumerate(shares):
+        share_cells, share_nota, share_priors = results[i]
+        cells.setdefault(share.split, {}).update(share_cells)
+        notas.setdefault(share.split, {}).update(share_nota)
+        for method, counts in share_priors.items():
             total = priors.setdefault(method, dict.fromkeys(counts, 0))
             for kind, n in counts.items():
                 total[kind] += n
+    order = (*cfg.methods, FLOOR)  # whichever share scored them
+    per_split = {s: {m: c[m] for m in order if m in c} for s, c in cells.items()}
+    nota = {s: {m: c[m] for m in order if m in c} for s, c in notas.items()}
     summary = report.summarise(per_split, nota)
     summary["relations"] = relations
     summary["priors"] = priors
     summary["vs_floor"] = vs_floor(per_split)
     return {"summary": summary, "methods": everywhere, "cfg": cfg, "sentences": table.num_rows,
             "needed": needed}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Share:
+    """Some methods of one checkpoint split, scored in one process."""
+
+    split: str
+    index: int
+    cfg: EvalConfig  # its methods, and whether it scores the floor
+
+
+def _shares(splits: list[str], cfg: EvalConfig, workers: int) -> list[_Share]:
+    """One share per split, or, with fewer splits than workers, each split's methods dealt
+    round-robin into one share per worker (the first also scores the floor)."""
+    parts = max(1, min(len(cfg.methods), workers)) if len(splits) < workers else 1
+    return [_Share(split, i, dataclasses.replace(cfg, methods=cfg.methods[p::parts],
+                                                 floor=cfg.floor and p == 0))
+            for i, split in enumerate(splits) for p in range(parts)]
+
+
+def _score_share(share: _Share, table: pa.Table, models: Path, device: str,
+                 cache: LowerCache | None) -> tuple[dict[str, Any], dict[str, Any],
+                                                     dict[str, Any]]:
+    """The share's cells, NOTA cells and ways per prior kind of each method."""
+    # The data is no model's split, so no model is checked against one.
+    eps = SplitEpisodes(share.split, table, share.cfg, share.index)
+    with torch.no_grad():
+        cells, nota = evaluate_episodes(eps, models, share.cfg, device,
+                                        cache if cache is not None else LowerCache())
+    return cells, nota, eps.priors

@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 methods = [m for m in base.methods if all(m in p for p in found.values())]
                 out = score_table(f"{name} ({path})", table, folder, base, settings, device,
                                   methods=methods or None, episodes=params.episodes,
-                                  listed=table.column("relation").to_pylist())
+                                  listed=table.column("relation").to_pylist(),
+                                  workers=base.workers)
             results.setdefault(name, {})[bench] = out["summary"]
     if not results:
         raise PipelineError(f"no benchmark has models under {args.models}; run dvc repro train")

@@ -80,6 +80,23 @@ def test_scores_every_method_and_the_floor_with_prior_kinds(project):
         "P98", "Verb6-W1(e1,e2)", "verb7_w2"]
 
 
+def test_one_process_or_several_give_the_same_report(project, tmp_path):
+    """Splits are scored in worker processes, or shares of a split's methods when there are
+    more workers than splits; the report is the same, byte for byte."""
+    root, p = project
+    reports = []
+    for workers in (1, 3):  # 3 workers, 2 splits: each split's methods in two shares
+        params = yaml.safe_load(p.read_text())
+        params["evaluate"]["workers"] = workers
+        q = tmp_path / f"params_{workers}.yaml"
+        q.write_text(yaml.safe_dump(params))
+        _run(root, q)
+        reports.append((root / "m" / "transfer_report.json").read_text())
+    assert reports[0] == reports[1]
+    assert list(json.loads(reports[0])["other"]["toy"]["accuracy"]) == [
+        "regrab", "proto", "floor"]
+
+
 def test_names_off_gives_every_outside_way_the_fallback(project, tmp_path):
     root, p = project
     params = yaml.safe_load(p.read_text())
