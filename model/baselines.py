@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from model.langevin import similarity_logits
+from model.logits import similarity_logits
 from model.registry import Method
 from model.regrab import mc_log_predictive
 from pipeline.errors import PipelineError

@@ -56,7 +56,8 @@ import torch
 from torch import nn
 
 from model.baselines import require_shots
-from model.langevin import LangevinConfig, prototype_logits
+from model.langevin import LangevinConfig
+from model.logits import prototype_logits
 from model.registry import Method
 from model.versa import SampledPrototypeHead, gaussian_samples
 

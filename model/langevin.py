@@ -32,6 +32,11 @@ state after the M steps from its exact law in one draw (the same distribution as
 ``s^2 / (1 - eps/4)``, slightly wider than the posterior's, as for any unadjusted Langevin
 chain). With K = 0 there is no support: the ``gaussian`` posterior is the prior,
 ``N(h_r, lambda^-1 I)``, and is sampled; the softmax likelihoods keep the paper's ``v = h``.
+At evaluation those Gaussian samples are not drawn in all D dimensions: a query's logits see
+a sample only in the span of the means, along the query's own direction and through its
+norm, so :meth:`LangevinSampler.sample_logits` draws just that
+(:func:`model.logits.gaussian_sample_logits`; each query's logits have the law of scoring
+full samples, tested).
 
 Everything is differentiable with respect to the support encodings, h, lambda and sigma^2,
 so training reaches the encoder, the GCN and (``scales: learned``) the scales through the
@@ -50,6 +55,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from model.logits import gaussian_sample_logits, prototype_logits, similarity_logits
 from pipeline.config import field
 
 Likelihood = Literal["gaussian", "softmax", "softmax_mean"]
@@ -118,46 +124,6 @@ class LangevinConfig:
                 "(log 0 has nothing to learn or estimate); set scales: fixed, or a "
                 "prior_precision > 0 as the starting value"
             )
-
-
-def similarity_logits(
-    x: torch.Tensor, v: torch.Tensor, similarity: str, temperature: float
-) -> torch.Tensor:
-    """Softmax logits ``sim(x, v) / T`` of every sentence against every prototype.
-
-    Shapes:
-        x: (..., Q, D), v: (..., N, D) -> (..., Q, N)
-    """
-    if similarity == "dot":
-        sim = x @ v.transpose(-1, -2)
-    else:
-        sim = -0.5 * (
-            (x * x).sum(-1, keepdim=True)
-            - 2 * x @ v.transpose(-1, -2)
-            + (v * v).sum(-1).unsqueeze(-2)
-        )
-    return sim / temperature
-
-
-def prototype_logits(x: torch.Tensor, v: torch.Tensor, similarity: str,
-                     temperature: float) -> torch.Tensor:
-    """``similarity_logits(x[:, None], v, ...)`` for S prototype sets at once.
-
-    The same numbers, computed with one matrix product per episode: the broadcast product
-    copies x once per sample, which made evaluation batches (250 episodes) ten times slower.
-    REGRAB, Versa and BMAML score their samples with it.
-
-    Shapes:
-        x: (B, Q, D), v: (B, S, N, D) -> (B, S, Q, N)
-    """
-    b, s, n, d = v.shape
-    dot = (x @ v.reshape(b, s * n, d).transpose(1, 2)).view(b, -1, s, n)  # (B, Q, S, N)
-    dot = dot.transpose(1, 2)  # (B, S, Q, N)
-    if similarity == "dot":
-        return dot / temperature
-    sq_x = (x * x).sum(-1)[:, None, :, None]  # (B, 1, Q, 1)
-    sq_v = torch.linalg.vector_norm(v, dim=-1).square()[:, :, None, :]  # (B, S, 1, N)
-    return -0.5 * (sq_x - 2 * dot + sq_v) / temperature
 
 
 def init_prototypes(
@@ -349,20 +315,17 @@ class LangevinSampler(nn.Module):
         self.log_precision.fill_(math.log(precision))
         self.log_variance.fill_(math.log(variance))
 
-    def gaussian_chain(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor,
-                       samples: int, draw: Any) -> torch.Tensor:
-        """The state after ``steps`` preconditioned SGLD steps on the ``gaussian`` target.
+    def chain_law(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and spread of the chain's end state on the ``gaussian`` target.
 
         There the update is ``v <- v - eps/2 (v - mu) + sqrt(eps s^2) z`` (the gradient is
         ``-(v - mu) / s^2`` and P = s^2), a linear chain: after the steps v is Gaussian with
         mean ``mu + c (v0 - mu)``, ``c = prod_t (1 - eps_t / 2)``, and variance
-        ``s^2 sum_t eps_t prod_(u > t) (1 - eps_u / 2)^2``. Drawing that once gives the chain's
-        end state exactly in law, at the cost of one step instead of ``steps`` (evaluation
-        spent most of its time in the steps' noise). ``langevin_step`` runs the same chain
-        step by step; the tests check the two agree.
+        ``s^2 sum_t eps_t prod_(u > t) (1 - eps_u / 2)^2``.
 
         Shapes:
-            v0, h: (B, N, D), support: (B, N, K, D) -> (B, S, N, D)
+            v0, h: (B, N, D), support: (B, N, K, D) -> mean (B, N, D), std (B, N, 1)
         """
         cfg = self.config
         mu, s2 = gaussian_posterior(support, h, self.precision, self.variance)
@@ -371,10 +334,70 @@ class LangevinSampler(nn.Module):
             a = 1.0 - 0.5 * eps
             c, spread = c * a, spread * a * a + eps
             eps *= cfg.step_decay
-        v = (mu + c * (v0 - mu))[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
-        if draw is None or spread == 0.0:
+        return mu + c * (v0 - mu), (s2 * spread).sqrt()
+
+    def gaussian_chain(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor,
+                       samples: int, draw: Any) -> torch.Tensor:
+        """The state after ``steps`` preconditioned SGLD steps on the ``gaussian`` target.
+
+        Drawing it once from :meth:`chain_law` gives the chain's end state exactly in law, at
+        the cost of one step instead of ``steps`` (evaluation spent most of its time in the
+        steps' noise). ``langevin_step`` runs the same chain step by step; the tests check the
+        two agree.
+
+        Shapes:
+            v0, h: (B, N, D), support: (B, N, K, D) -> (B, S, N, D)
+        """
+        mean, std = self.chain_law(v0, support, h)
+        v = mean[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
+        if draw is None or not bool((std > 0).any()):
             return v
-        return torch.addcmul(v, (s2 * spread).sqrt()[:, None], draw(v.shape))
+        return torch.addcmul(v, std[:, None], draw(v.shape))
+
+    def law(self, support: torch.Tensor, h: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Mean and spread of every sample when the samples are Gaussian and noisy; else None.
+
+        That is the ``gaussian`` likelihood with noise on: with shots the chain's end state
+        (:meth:`chain_law`), without them the prior ``N(h, lambda^-1 I)``.
+
+        Shapes:
+            support: (B, N, K, D), h: (B, N, D) -> mean (B, N, D), std (B, N, 1)
+        """
+        cfg = self.config
+        if cfg.likelihood != "gaussian" or not self.noisy():
+            return None
+        if support.shape[2] == 0:
+            if cfg.prior_precision == 0:
+                return None
+            std = torch.as_tensor((1.0 / self.precision) ** 0.5, dtype=h.dtype, device=h.device)
+            return h, std.expand(*h.shape[:2], 1)
+        v0 = init_prototypes(support, h, cfg.init_prior_weight, cfg.init_mean_weight)
+        return self.chain_law(v0, support, h)
+
+    def sample_logits(self, support: torch.Tensor, query: torch.Tensor, h: torch.Tensor,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+        """Query logits under every sample; each query's have the law of scoring
+        :meth:`forward`'s samples.
+
+        At evaluation with Gaussian samples (:meth:`law`), only what the logits see of each
+        sample is drawn (:func:`gaussian_sample_logits`), at a fraction of the cost of the
+        D-dimensional samples. In training (the gradient would run through a QR
+        decomposition) and for the other likelihoods, the samples are drawn and scored.
+
+        Shapes:
+            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) -> (B, S, Q, N)
+        """
+        cfg = self.config
+        law = None if self.training else self.law(support, h)
+        if law is not None:
+            mean, std = law
+            logits = gaussian_sample_logits(query, mean, std, cfg.draws(False),
+                                            cfg.similarity, cfg.temperature, generator)
+            if logits is not None:
+                return logits
+        v = self(support, h, generator)  # (B, S, N, D)
+        return prototype_logits(query, v, cfg.similarity, cfg.temperature)
 
     def noisy(self) -> bool:
         return self.config.noise_train if self.training else self.config.noise_eval

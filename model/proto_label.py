@@ -31,7 +31,7 @@ from torch import nn
 
 from model.baselines import PredictiveHead
 from model.graph_prior import GraphPrior, GraphPriorConfig, RelationGraph
-from model.langevin import similarity_logits
+from model.logits import similarity_logits
 from model.registry import Method
 from pipeline.errors import PipelineError
 

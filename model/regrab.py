@@ -30,7 +30,6 @@ from model.langevin import (
     LangevinSampler,
     heldout_scales,
     log_evidence,
-    prototype_logits,
 )
 from model.registry import Head, Method
 from pipeline.errors import PipelineError
@@ -103,13 +102,11 @@ class RegrabHead(nn.Module):
             support: (B, N, K, D) (K may be 0), query: (B, Q, D), h: (B, N, D)
             -> (B, S, Q, N)
         """
-        cfg = self.config
         if support.shape[2] == 0 and self.prior is None:
             raise PipelineError(
                 "zero-shot needs the graph prior; this method has none (use regrab)"
             )
-        v = self.sampler(support, h, generator)  # (B, S, N, D)
-        return prototype_logits(query, v, cfg.similarity, cfg.temperature)
+        return self.sampler.sample_logits(support, query, h, generator)
 
     def evidence(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
         """Log marginal likelihood of labelled sentences per way; None unless the likelihood

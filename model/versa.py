@@ -48,7 +48,8 @@ import torch
 from torch import nn
 
 from model.baselines import PriorFreeHead, require_shots
-from model.langevin import LangevinConfig, prototype_logits
+from model.langevin import LangevinConfig
+from model.logits import prototype_logits
 from model.registry import Method
 
 #: Width of the amortisation network's hidden layers.

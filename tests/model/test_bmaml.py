@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model.bmaml import INIT_STD, METHODS, BmamlHead, rbf_kernel, svgd_step
-from model.langevin import similarity_logits
+from model.logits import similarity_logits
 from model.registry import Head
 from model.regrab import mc_log_predictive
 from pipeline.errors import PipelineError

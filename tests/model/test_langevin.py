@@ -11,8 +11,8 @@ from model.langevin import (
     langevin_step,
     log_posterior_grad,
     preconditioner,
-    similarity_logits,
 )
+from model.logits import prototype_logits, similarity_logits
 from pipeline.errors import PipelineError
 from tests.conftest import model_config
 
@@ -276,3 +276,29 @@ def test_flat_prior_needs_fixed_scales_and_says_so(scales):
     assert sampler.mode == "fixed" and sampler.precision == 0
     h = torch.randn(2, 3, 4)
     assert torch.equal(sampler(torch.randn(2, 3, 0, 4), h, torch.Generator())[:, 0], h)
+
+
+@pytest.mark.parametrize("shots", [0, 2])
+def test_sampler_logits_project_at_evaluation_and_score_samples_in_training(shots):
+    torch.manual_seed(9)
+    support, h = torch.randn(2, 3, shots, 32), torch.randn(2, 3, 32)
+    query = torch.randn(2, 4, 32)
+    cfg = _cfg(samples=5, eval_samples=30000, likelihood="gaussian", noise_eval=True,
+               noise_train=True, prior_precision=2.0, scales="fixed")
+    sampler = LangevinSampler(cfg)
+    # Training scores the drawn samples: the same numbers as scoring forward's samples.
+    sampler.train()
+    got = sampler.sample_logits(support, query, h, torch.Generator().manual_seed(3))
+    v = sampler(support, h, torch.Generator().manual_seed(3))
+    assert got.shape == (2, 5, 4, 3)
+    assert torch.equal(got, prototype_logits(query, v, cfg.similarity, cfg.temperature))
+    # Evaluation draws the projected logits: a different draw of the same law.
+    sampler.eval()
+    fast = sampler.sample_logits(support, query, h, torch.Generator().manual_seed(3))
+    slow = prototype_logits(query, sampler(support, h, torch.Generator().manual_seed(4)),
+                            cfg.similarity, cfg.temperature)
+    assert fast.shape == slow.shape == (2, 30000, 4, 3)
+    assert not torch.equal(fast, slow)
+    assert torch.allclose(torch.softmax(fast, -1).mean(1), torch.softmax(slow, -1).mean(1),
+                          atol=0.01)
+    assert torch.allclose(fast.std(1), slow.std(1), rtol=0.03)

@@ -8,7 +8,7 @@ from model.checkpoint import build_model, save_model
 from model.encoder_cache import LowerCache, encode_all
 from model.episodes import Episodes, episode_accuracy, gather_episodes
 from model.graph_prior import RelationGraph
-from model.langevin import similarity_logits
+from model.logits import similarity_logits
 from model.predictor import Predictor, predictive_summary
 from model.sentences import Sentence, parse_marked_text, parse_sentence
 from pipeline.errors import PipelineError

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from model import registry
-from model.langevin import similarity_logits
+from model.logits import similarity_logits
 from model.registry import Head, Method
 from tests.conftest import project_params
 from tests.model.tiny_regrab import registered, train_evaluate_reload

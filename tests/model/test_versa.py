@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from model.langevin import prototype_logits, similarity_logits
+from model.logits import prototype_logits, similarity_logits
 from model.registry import Head
 from model.regrab import mc_log_predictive
 from model.versa import (
