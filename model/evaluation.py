@@ -298,6 +298,25 @@ class SplitEpisodes:
                 "temperature": tau}
 
 
+def scoring_workers(workers: int, device: Any) -> int:
+    """Processes that may score at once: ``workers`` on the CPU, one on CUDA (it does not
+    survive a fork)."""
+    return workers if str(device) == "cpu" else 1
+
+
+def method_shares(cfg: EvalConfig, methods: tuple[str, ...], splits: int,
+                  workers: int) -> list[EvalConfig]:
+    """One split's ``methods`` as the configs of the jobs that score them.
+
+    One job when there are at least as many splits as workers (the splits keep every worker
+    busy); otherwise the methods are dealt round-robin into one job per worker, and the first
+    also scores the floor.
+    """
+    parts = max(1, min(len(methods), workers)) if splits < workers else 1
+    return [dataclasses.replace(cfg, methods=methods[p::parts], floor=cfg.floor and p == 0)
+            for p in range(parts)]
+
+
 def _first(episodes: Any, n: int) -> Any:
     """The first ``n`` episodes of an :class:`Episodes` or :class:`NotaEpisodes`."""
     return dataclasses.replace(episodes, **{f.name: getattr(episodes, f.name)[:n]

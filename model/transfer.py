@@ -29,7 +29,14 @@ from model import registry
 from model.checkpoint import MODEL_FILE, model_file, read_payload
 from model.encoder_cache import LowerCache
 from model.episodes import Setting
-from model.evaluation import FLOOR, EvalConfig, SplitEpisodes, evaluate_episodes
+from model.evaluation import (
+    FLOOR,
+    EvalConfig,
+    SplitEpisodes,
+    evaluate_episodes,
+    method_shares,
+    scoring_workers,
+)
 from pipeline import report
 from pipeline.errors import PipelineError
 from pipeline.workers import run_jobs
@@ -179,8 +186,9 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
             f"{'' if keep_trained else ', not trained on'}), fewer than the ways of "
             f"{too_many}; lower N in --settings" + ("" if keep_trained else
                                                     " or pass --keep-trained"))
-    workers = workers if str(device) == "cpu" else 1  # CUDA does not survive a fork
-    shares = _shares(list(found), cfg, workers)
+    workers = scoring_workers(workers, device)
+    shares = [_Share(split, i, part) for i, split in enumerate(found)
+              for part in method_shares(cfg, cfg.methods, len(found), workers)]
     workers = max(1, min(workers, len(shares)))
     # One process shares one frozen-layer cache between splits (the same sentences); forked
     # workers each fill their own.
@@ -225,15 +233,6 @@ class _Share:
     split: str
     index: int
     cfg: EvalConfig  # its methods, and whether it scores the floor
-
-
-def _shares(splits: list[str], cfg: EvalConfig, workers: int) -> list[_Share]:
-    """One share per split, or, with fewer splits than workers, each split's methods dealt
-    round-robin into one share per worker (the first also scores the floor)."""
-    parts = max(1, min(len(cfg.methods), workers)) if len(splits) < workers else 1
-    return [_Share(split, i, dataclasses.replace(cfg, methods=cfg.methods[p::parts],
-                                                 floor=cfg.floor and p == 0))
-            for i, split in enumerate(splits) for p in range(parts)]
 
 
 def _score_share(share: _Share, table: pa.Table, models: Path, device: str,

@@ -14,7 +14,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import logging
 import time
@@ -25,7 +24,7 @@ from typing import Any
 import torch
 
 from model.encoder_cache import LowerCache
-from model.evaluation import FLOOR, EvalConfig, evaluate_split
+from model.evaluation import FLOOR, EvalConfig, evaluate_split, method_shares, scoring_workers
 from model.train_config import ComparisonConfig, load_comparison
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
@@ -51,7 +50,7 @@ def split_jobs(splits: Path, names: tuple[str, ...], cfg: EvalConfig,
                comparison: ComparisonConfig, device: str) -> list[Job]:
     """The jobs of ``names``: one per split, or, with fewer splits than workers, the split's
     methods dealt round-robin into one job per worker (the first also scores the floor)."""
-    workers = cfg.workers if device == "cpu" else 1
+    workers = scoring_workers(cfg.workers, device)
     jobs = []
     for i, name in enumerate(names):
         tail = name.rsplit("_", 1)[-1]
@@ -59,10 +58,8 @@ def split_jobs(splits: Path, names: tuple[str, ...], cfg: EvalConfig,
         extra = comparison.methods if comparison.runs_on(name) else ()
         methods = (*cfg.methods, *extra)
         capped = {m: comparison.episodes for m in extra}
-        parts = min(len(methods), workers) if len(names) < workers else 1
-        for p in range(parts):
-            part = dataclasses.replace(cfg, methods=methods[p::parts], floor=cfg.floor and p == 0)
-            jobs.append(Job(splits / name, index, part, capped, methods))
+        jobs.extend(Job(splits / name, index, part, capped, methods)
+                    for part in method_shares(cfg, methods, len(names), workers))
     return jobs
 
 
@@ -80,7 +77,7 @@ def score_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str,
                t0: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cells and NOTA cells per split, in the order of the split's methods (floor last)."""
     results: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
-    workers = min(cfg.workers if device == "cpu" else 1, len(jobs))
+    workers = min(scoring_workers(cfg.workers, device), len(jobs))
     spent = [0.0, 0]  # seconds and methods of the finished jobs
 
     def done(i: int, timed: tuple[tuple[dict[str, Any], dict[str, Any]], float]) -> None:
