@@ -18,6 +18,7 @@ Shapes (letters as in :mod:`model`):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -181,6 +182,19 @@ def attention_projections(layer: nn.Module) -> tuple[nn.Module, nn.Linear, nn.Li
         return att, att.query, att.key, att.value
     att = layer.attention.attn
     return att, att.q, att.k, att.v
+
+
+def attention_output(layer: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``f(ctx, residual)``: the output projection, dropout, residual and norm that follow a BERT
+    or MPNet layer's attention."""
+    if is_bert_layer(layer):
+        return layer.attention.output
+    out = layer.attention
+
+    def attend(ctx: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return out.LayerNorm(out.dropout(out.attn.o(ctx)) + residual)
+
+    return attend
 
 
 class SentenceEncoder(nn.Module):

@@ -34,6 +34,7 @@ from torch import nn
 from model.encoder import (
     SentenceEncoder,
     TokenizedSet,
+    attention_output,
     attention_projections,
     is_bert_layer,
     takes_position_bias,
@@ -274,11 +275,7 @@ def layer_at(
     )
     ctx = ctx.transpose(1, 2).reshape(b, -1, heads * size)  # (B, P, H)
 
-    def attend(ctx: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
-        if is_bert_layer(layer):
-            return layer.attention.output(ctx, picked)
-        return layer.attention.LayerNorm(layer.attention.dropout(att.o(ctx)) + picked)
-
+    attend = attention_output(layer)
     if used is None:
         attended = attend(ctx, picked)
         return layer.output(layer.intermediate(attended), attended)  # (B, P, H)
