@@ -17,7 +17,7 @@ from typing import Any
 
 from model import registry
 from model.episodes import Setting
-from pipeline.config import field, load_params, load_section
+from pipeline.config import field, load_benchmarks, load_params, load_section, parse_section
 from pipeline.errors import PipelineError
 
 #: ``train`` settings that do not change the trained model (left out of the fingerprint).
@@ -166,6 +166,22 @@ class ComparisonConfig:
     def runs_on(self, split: str) -> bool:
         """Whether the comparison runs on the split folder named ``split``."""
         return not self.splits or split in self.splits
+
+
+def load_train(params: Path, benchmark: str | None = None) -> TrainConfig:
+    """The ``train`` section, with ``benchmarks.<benchmark>.train``'s keys in place of its own."""
+    cfg = load_section(TrainConfig, "train", params)
+    if benchmark is None:
+        return cfg
+    benchmarks = load_benchmarks(params)
+    if benchmark not in benchmarks:
+        raise PipelineError(f"benchmark {benchmark!r} is not in {params} benchmarks "
+                            f"{sorted(benchmarks)}; pass one of those, or add it there")
+    changes = benchmarks[benchmark].train
+    if not changes:
+        return cfg
+    raw = {**load_params(params, "train"), **changes}
+    return parse_section(TrainConfig, raw, f"train (with benchmarks.{benchmark}.train)")
 
 
 def load_comparison(params: Path, methods: tuple[str, ...]) -> ComparisonConfig:

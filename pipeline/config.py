@@ -275,11 +275,14 @@ class Benchmark:
     """One entry of ``params.yaml``'s ``benchmarks``: where its splits are, how to name it.
 
     ``dvc.yaml`` runs ``train`` and ``evaluate`` once per entry (``foreach``), so removing an
-    entry skips that benchmark.
+    entry skips that benchmark. ``train`` (optional) holds keys of the ``train`` section that
+    this benchmark's models train with instead, e.g. more steps where there are more training
+    relations; they are checked like the section itself when training starts.
     """
 
     splits: str
     title: str
+    train: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def load_benchmarks(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Benchmark]:

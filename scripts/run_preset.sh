@@ -31,7 +31,7 @@ train() {  # train [params file]
     --graph "${GRAPH:-data/graph/graph.parquet}" \
     --features "${FEATURES:-data/features/transe.parquet}" \
     --relations "${RELATIONS:-data/wikidata/relations.parquet}" \
-    --out "$MODELS_DIR" --params "${1:-$OUT_DIR/params.yaml}"
+    --out "$MODELS_DIR" --params "${1:-$OUT_DIR/params.yaml}" --benchmark nyt25
 }
 set_splits() {  # set_splits SRC DST SECTION [SPLIT...]: DST is SRC with SECTION.splits set
   local src=$1 dst=$2 section=$3

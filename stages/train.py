@@ -38,7 +38,7 @@ from model.checkpoint import (
 from model.encoder_cache import LowerCache
 from model.episodes import Setting
 from model.graph_prior import RelationGraph
-from model.train_config import TrainConfig, fingerprint, load_comparison
+from model.train_config import TrainConfig, fingerprint, load_comparison, load_train
 from model.train_state import finish, finished_summary, resume
 from model.trainer import TokenCache, frozen_states, prepare, train
 from pipeline.config import load_section, select_device, set_threads
@@ -214,9 +214,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="relation labels (RELATIONS_SCHEMA), read by model.prior.text")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--benchmark", default=None,
+                        help="an entry of params.yaml benchmarks: train with its `train` keys "
+                             "in place of the train section's")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load_section(TrainConfig, "train", args.params)
+    cfg = load_train(args.params, args.benchmark)
     comparison = load_comparison(args.params, cfg.methods)
     model_params = load_section(ModelParams, "model", args.params)
     uses_graph = any(registry.get(m).uses_graph for m in (*cfg.methods, *comparison.methods))

@@ -309,3 +309,40 @@ def test_comparison_trains_on_episodes_of_at_most_max_ways(inputs, tmp_path):
     params["comparison"]["max_ways"] = 1
     with pytest.raises(PipelineError, match=r"comparison.max_ways 1 is below every train.ways"):
         _run_with(inputs, tmp_path / "none", params)
+
+
+def test_a_benchmark_trains_with_its_own_train_keys(inputs, tmp_path):
+    """benchmarks.<name>.train replaces those keys of the train section for that benchmark's
+    models only: the same model as a train section that says so, and bad keys are refused."""
+    root, enc, splits, graph, features = inputs
+    params = yaml.safe_load(_params(root, enc, steps=4).read_text())
+    params["benchmarks"] = {"toy": {"splits": str(splits), "title": "toy",
+                                    "train": {"steps": 2}},
+                            "plain": {"splits": str(splits), "title": "plain"}}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+
+    def run(out, benchmark, where=path):
+        return train.main(["--splits", str(splits), "--graph", str(graph), "--features",
+                           str(features), "--relations", str(labels_of(graph)), "--out",
+                           str(out), "--params", str(where), "--benchmark", benchmark])
+
+    run(tmp_path / "toy", "toy")
+    run(tmp_path / "plain", "plain")
+    toy = read_payload(tmp_path / "toy/split_0/regrab/model.safetensors")
+    plain = read_payload(tmp_path / "plain/split_0/regrab/model.safetensors")
+    assert toy["params"]["train"]["steps"] == 2 and plain["params"]["train"]["steps"] == 4
+    short = _run(inputs, tmp_path / "short", steps=2)["models"][0]
+    want = _weights(tmp_path / "short/split_0/regrab/model.safetensors")
+    assert short["steps"] == 2
+    assert all(torch.equal(want[k], toy["state"][k]) for k in want)
+    with pytest.raises(PipelineError, match=r"benchmark 'nyt25' is not in .* \['plain', 'toy'\]"):
+        run(tmp_path / "none", "nyt25")
+    params["benchmarks"]["toy"]["train"] = {"stepz": 2}
+    path.write_text(yaml.safe_dump(params))
+    with pytest.raises(PipelineError, match=r"train \(with benchmarks.toy.train\) has unknown"):
+        run(tmp_path / "bad", "toy")
+    params["benchmarks"]["toy"]["train"] = {"steps": "many"}
+    path.write_text(yaml.safe_dump(params))
+    with pytest.raises(PipelineError, match=r"benchmarks.toy.train\).steps = 'many'"):
+        run(tmp_path / "bad", "toy")
