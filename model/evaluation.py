@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -315,6 +315,26 @@ def method_shares(cfg: EvalConfig, methods: tuple[str, ...], splits: int,
     parts = max(1, min(len(methods), workers)) if splits < workers else 1
     return [dataclasses.replace(cfg, methods=methods[p::parts], floor=cfg.floor and p == 0)
             for p in range(parts)]
+
+
+def merge_shares(parts: Iterable[tuple[str, tuple[str, ...], dict[str, Any], dict[str, Any]]]
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Cells and NOTA cells per split from the jobs of :func:`method_shares`.
+
+    Each part is ``(split, methods, cells, nota)``, ``methods`` all of the split's methods in
+    their params order; the merged cells keep that order, the floor last, whichever job
+    scored them.
+    """
+    cells: dict[str, dict[str, Any]] = {}
+    notas: dict[str, dict[str, Any]] = {}
+    order: dict[str, tuple[str, ...]] = {}
+    for split, methods, part_cells, part_nota in parts:
+        cells.setdefault(split, {}).update(part_cells)
+        notas.setdefault(split, {}).update(part_nota)
+        order[split] = (*methods, FLOOR)
+    per_split = {s: {m: c[m] for m in order[s] if m in c} for s, c in cells.items()}
+    nota = {s: {m: c[m] for m in order[s] if m in c} for s, c in notas.items()}
+    return per_split, nota
 
 
 def _first(episodes: Any, n: int) -> Any:

@@ -34,6 +34,7 @@ from model.evaluation import (
     EvalConfig,
     SplitEpisodes,
     evaluate_episodes,
+    merge_shares,
     method_shares,
     scoring_workers,
 )
@@ -204,20 +205,14 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
                  time.perf_counter() - t0)
 
     run_jobs(score, shares, workers, cfg.threads, done)
-    cells: dict[str, dict[str, Any]] = {}
-    notas: dict[str, dict[str, Any]] = {}
+    per_split, nota = merge_shares((share.split, cfg.methods, *results[i][:2])
+                                   for i, share in enumerate(shares))
     priors: dict[str, dict[str, int]] = {}
-    for i, share in enumerate(shares):
-        share_cells, share_nota, share_priors = results[i]
-        cells.setdefault(share.split, {}).update(share_cells)
-        notas.setdefault(share.split, {}).update(share_nota)
-        for method, counts in share_priors.items():
+    for i in range(len(shares)):
+        for method, counts in results[i][2].items():
             total = priors.setdefault(method, dict.fromkeys(counts, 0))
             for kind, n in counts.items():
                 total[kind] += n
-    order = (*cfg.methods, FLOOR)  # whichever share scored them
-    per_split = {s: {m: c[m] for m in order if m in c} for s, c in cells.items()}
-    nota = {s: {m: c[m] for m in order if m in c} for s, c in notas.items()}
     summary = report.summarise(per_split, nota)
     summary["relations"] = relations
     summary["priors"] = priors

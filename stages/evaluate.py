@@ -24,7 +24,13 @@ from typing import Any
 import torch
 
 from model.encoder_cache import LowerCache
-from model.evaluation import FLOOR, EvalConfig, evaluate_split, method_shares, scoring_workers
+from model.evaluation import (
+    EvalConfig,
+    evaluate_split,
+    merge_shares,
+    method_shares,
+    scoring_workers,
+)
 from model.train_config import ComparisonConfig, load_comparison
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
@@ -92,16 +98,8 @@ def score_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str,
 
     run_jobs(functools.partial(_run_job, models=models, device=device), jobs, workers,
              cfg.threads, done)
-    cells: dict[str, dict[str, Any]] = {}
-    notas: dict[str, dict[str, Any]] = {}
-    for i, job in enumerate(jobs):
-        cells.setdefault(job.split_dir.name, {}).update(results[i][0])
-        notas.setdefault(job.split_dir.name, {}).update(results[i][1])
-    # The methods in the order of the params (the floor last), whichever job had them.
-    order = {job.split_dir.name: (*job.methods, FLOOR) for job in jobs}
-    per_split = {name: {m: c[m] for m in order[name] if m in c} for name, c in cells.items()}
-    nota = {name: {m: c[m] for m in order[name] if m in c} for name, c in notas.items()}
-    return per_split, nota
+    return merge_shares((job.split_dir.name, job.methods, *results[i])
+                        for i, job in enumerate(jobs))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
