@@ -2,7 +2,7 @@
 
 Every encoder gets the project's SentenceEncoder (entity markers, marker pooling,
 ``train_layers: 0``), the same sentences and the same episodes. For each it prints sentences
-per second through :func:`model.encoder_cache.encode_all` on this machine's CPU threads, and
+per second through :func:`model.encoder.frozen_cache.encode_all` on this machine's CPU threads, and
 the accuracy of Euclidean prototypes (``proto``'s head with no training) and of cosine
 prototypes on ``--episodes`` 5-way 1-shot and 5-shot episodes over all 25 NYT relations (no
 split: nothing is trained, so no relation is seen before its episodes).
@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.baselines import PrototypeHead
-from model.encoder import EncoderConfig, SentenceEncoder
-from model.encoder_cache import encode_all
+from model.encoder.frozen_cache import encode_all
+from model.encoder.sentence import EncoderConfig, SentenceEncoder
 from model.episodes import EpisodeSampler, episode_accuracy, mean_ci95
+from model.methods.proto import PrototypeHead
 from pipeline.fewrel import convert
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.checkpoint import build_model, config_for_method
-from model.encoder_cache import LowerCache, encode_all
+from model.encoder.frozen_cache import LowerCache, encode_all
 from model.episodes import Episodes, EpisodeSampler, episode_accuracy
+from model.files.checkpoint import build_model, config_for_method
 from pipeline.config import load_params
 from pipeline.io import read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA

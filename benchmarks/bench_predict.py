@@ -26,10 +26,10 @@ import numpy as np
 import torch
 import yaml
 
-from model.checkpoint import build_model, config_for_method, save_model
-from model.graph_prior import RelationGraph
-from model.predictor import Predictor
-from model.sentences import parse_sentence, sentences_table
+from model.files.checkpoint import build_model, config_for_method, save_model
+from model.predict.predictor import Predictor
+from model.predict.sentences import parse_sentence, sentences_table
+from model.prior.gcn import RelationGraph
 from pipeline.io import read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 

@@ -23,8 +23,8 @@ import time
 
 import torch
 
-from model.logits import gaussian_sample_logits, prototype_logits, similarity_logits
-from model.regrab import mc_log_predictive
+from model.methods.regrab import mc_log_predictive
+from model.posterior.logits import gaussian_sample_logits, prototype_logits, similarity_logits
 
 
 def one_batch(mean: torch.Tensor, std: torch.Tensor, query: torch.Tensor, samples: int,

@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model import encoder_cache
-from model.checkpoint import build_model, config_for_method
-from model.encoder_cache import LowerCache, encode_rows
+from model.encoder import frozen_cache as encoder_cache
+from model.encoder.frozen_cache import LowerCache, encode_rows
 from model.episodes import EpisodeSampler, gather_episodes
-from model.graph_prior import RelationGraph
+from model.files.checkpoint import build_model, config_for_method
+from model.prior.gcn import RelationGraph
 from pipeline.config import load_params
 from pipeline.io import read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA

@@ -1,4 +1,4 @@
-"""Benchmark: our TransE loop (model/transe.py) against PyKEEN 1.11.1 on the same data.
+"""Benchmark: our TransE loop (model/transe/model.py) against PyKEEN 1.11.1 on the same data.
 
 Both train TransE on the same triples (the data mirror's Wikidata triples by
 default), with the same dimension, epochs, batch size, negatives per positive,
@@ -36,7 +36,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.csv as pcsv  # noqa: E402
 import torch  # noqa: E402
 
-from model.transe import (  # noqa: E402
+from model.transe.model import (  # noqa: E402
     TransE,
     TransEConfig,
     filtered_ranks,
@@ -44,7 +44,7 @@ from model.transe import (  # noqa: E402
     rank_metrics,
     train_epoch,
 )
-from model.transe_training import encode_triples, split_heldout  # noqa: E402
+from model.transe.training import encode_triples, split_heldout  # noqa: E402
 from pipeline.config import data_mirror  # noqa: E402
 from pipeline.errors import PipelineError  # noqa: E402
 from pipeline.io import read_parquet  # noqa: E402

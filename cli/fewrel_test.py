@@ -15,7 +15,7 @@ Subcommands:
 * ``predict`` (the default when the first argument is an option): every distinct sentence
   of the file is encoded once, sorted by length (the encoder sees one sentence at a time, so
   this is what encoding each episode would give); then each episode runs through the head
-  as :meth:`model.predictor.Predictor.predict` runs it: ways without graph relations (the
+  as :meth:`model.predict.predictor.Predictor.predict` runs it: ways without graph relations (the
   prior is the shared fallback vector, no name is read), the posterior samples seeded afresh
   with ``--seed`` per episode, so an episode's answer does not depend on the others. The
   answer is the argmax of the predictive probabilities.
@@ -53,8 +53,8 @@ import torch
 from tqdm import tqdm
 
 from model.episodes import mean_ci95
-from model.predictor import Predictor, predictive_summary
-from model.sentences import Sentence, parse_sentence
+from model.predict.predictor import Predictor, predictive_summary
+from model.predict.sentences import Sentence, parse_sentence
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.fewrel import load_json

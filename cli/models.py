@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from model.checkpoint import MODEL_FILE, STATE_FILE, convert_legacy, read_payload
-from model.model_folder import export
+from model.files.checkpoint import MODEL_FILE, STATE_FILE, convert_legacy, read_payload
+from model.files.model_folder import export
 from pipeline.errors import PipelineError, run_cli
 
 

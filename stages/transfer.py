@@ -2,7 +2,8 @@
 
 For each set of ``transfer.sets`` (SemEval-2010 by default; another set is one params entry)
 and each benchmark of ``benchmarks`` with trained models, every method trained on every
-split is scored with the untrained ``floor`` on the same episodes (:mod:`model.transfer`).
+split is scored with the untrained ``floor`` on the same episodes
+(:mod:`model.evaluation.transfer`).
 Relations with more than ``transfer.per_relation`` sentences are cut to that many (a seeded
 random choice), so a large relation costs no more than a small one.
 
@@ -28,8 +29,8 @@ from typing import Any
 import torch
 
 from model.episodes import Setting
-from model.evaluation import EvalConfig
-from model.transfer import checkpoints, cut_relations, score_table
+from model.evaluation.splits import EvalConfig
+from model.evaluation.transfer import checkpoints, cut_relations, score_table
 from pipeline import report
 from pipeline.config import field, load_benchmarks, load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli

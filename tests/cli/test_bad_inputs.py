@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from cli import predict, score
-from model.checkpoint import MODEL_FILE
-from model.sentences import parse_sentence
+from model.files.checkpoint import MODEL_FILE
+from model.predict.sentences import parse_sentence
 from tests.conftest import project_params
 from tests.model.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from cli.fewrel_test import main
-from model.predictor import Predictor
+from model.predict.predictor import Predictor
 from tests.model.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
 

@@ -12,10 +12,10 @@ import torch
 import yaml
 
 from cli import models, predict
-from model import tensor_file
-from model.checkpoint import load_model, read_payload
-from model.sentences import parse_sentence
-from model.transe_training import TRANSE_FORMAT
+from model.files import tensor_file
+from model.files.checkpoint import load_model, read_payload
+from model.predict.sentences import parse_sentence
+from model.transe.training import TRANSE_FORMAT
 from stages import train
 from tests.conftest import project_params
 from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits, toy_table

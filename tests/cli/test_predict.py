@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cli.predict import main, read_queries, read_support
-from model.sentences import parse_sentence
+from model.predict.sentences import parse_sentence
 from pipeline.io import write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 from tests.model.test_predictor import tiny_checkpoint

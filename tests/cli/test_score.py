@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from cli import score
-from model.checkpoint import read_payload, save_payload
+from model.files.checkpoint import read_payload, save_payload
 from pipeline.errors import PipelineError
 from stages import train
 from tests.conftest import project_params

@@ -1,4 +1,5 @@
-"""BMAML (model/bmaml.py): the SVGD update, the prototype particles, the method end to end."""
+"""BMAML (model/methods/bmaml.py): the SVGD update, the prototype particles, the method
+end to end."""
 
 import dataclasses
 import math
@@ -7,10 +8,10 @@ import statistics
 import pytest
 import torch
 
-from model.bmaml import INIT_STD, METHODS, BmamlHead, rbf_kernel, svgd_step
-from model.logits import similarity_logits
-from model.registry import Head
-from model.regrab import mc_log_predictive
+from model.methods.bmaml import INIT_STD, METHODS, BmamlHead, rbf_kernel, svgd_step
+from model.methods.registry import Head
+from model.methods.regrab import mc_log_predictive
+from model.posterior.logits import similarity_logits
 from pipeline.errors import PipelineError
 from tests.conftest import model_config
 from tests.model.tiny_regrab import registered, train_evaluate_reload

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from model.calibration import fit_temperature, tempered
-from model.scoring import OUTSIDE
+from model.evaluation.calibration import fit_temperature, tempered
+from model.evaluation.scoring import OUTSIDE
 
 
 @pytest.mark.parametrize("true_tau", [0.5, 1.0, 3.0])

@@ -2,14 +2,14 @@ import numpy as np
 import pytest
 import torch
 
-from model.encoder import (
+from model.encoder.frozen_cache import FrozenStates, LowerCache, encode_all, encode_rows, lower
+from model.encoder.sentence import (
     MARKERS,
     EncoderConfig,
     SentenceEncoder,
     _keep_window,
     resolve_encoder_path,
 )
-from model.encoder_cache import FrozenStates, LowerCache, encode_all, encode_rows, lower
 from pipeline.errors import PipelineError
 from tests.conftest import project_params
 from tests.model.tiny_regrab import tiny_encoder, toy_table
@@ -194,7 +194,7 @@ def test_frozen_part_stays_in_eval_mode(tiny_dir):
 
 
 def test_packaged_encoder_missing_names_its_make_target(monkeypatch, tmp_path):
-    import model.encoder_files as encoder_module
+    import model.encoder.files as encoder_module
 
     monkeypatch.setattr(encoder_module, "packaged_encoders_dir", lambda: tmp_path)
     with pytest.raises(PipelineError, match="make encoder-mpnet"):
@@ -235,7 +235,7 @@ def test_missing_weights_are_still_reported(tmp_path, caplog):
     config = json.loads((folder / "config.json").read_text())
     config["num_hidden_layers"] = 3  # the checkpoint holds 2 layers: layer 2 is missing
     (folder / "config.json").write_text(json.dumps(config))
-    with caplog.at_level("WARNING", logger="model.encoder"):
+    with caplog.at_level("WARNING", logger="model.encoder.sentence"):
         SentenceEncoder.from_config(_cfg(name=str(folder), train_layers=1))
     assert "weights missing" in caplog.text and "encoder.layer.2." in caplog.text
 
@@ -300,11 +300,11 @@ def test_mpnet_top_layers_run_apart_with_position_bias(tmp_path, train_layers, k
 
 def test_layers_without_a_known_layout_freeze_whole_or_train_whole(tmp_path, monkeypatch):
     """A model whose layers neither run alone (BERT) nor take a position bias (MPNet)."""
-    import model.encoder
-    import model.encoder_cache
+    import model.encoder.frozen_cache
+    import model.encoder.sentence
 
     folder = _tiny_mpnet(tmp_path / "mpnet")
-    for module in (model.encoder, model.encoder_cache):  # the layout is no longer recognised
+    for module in (model.encoder.sentence, model.encoder.frozen_cache):  # layout not recognised
         monkeypatch.setattr(module, "takes_position_bias", lambda _: False)
     enc = _encoder(folder, train_layers=0).eval()
     tok = enc.tokenize(toy_table(["P1", "P2"], 3, seed=1))
@@ -318,7 +318,7 @@ def test_layers_without_a_known_layout_freeze_whole_or_train_whole(tmp_path, mon
 
 
 def test_checkpoint_configs_from_before_block_norm_still_load():
-    from model.checkpoint import RegrabConfig
+    from model.files.checkpoint import RegrabConfig
 
     old = project_params()["model"]
     old = {"method": "regrab", **old}

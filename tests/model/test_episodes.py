@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 import torch
 
-from model.baselines import PrototypeHead
 from model.episodes import (
     EpisodeSampler,
     Setting,
@@ -10,6 +9,7 @@ from model.episodes import (
     gather_episodes,
     mean_ci95,
 )
+from model.methods.proto import PrototypeHead
 from pipeline.errors import PipelineError
 
 

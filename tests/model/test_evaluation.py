@@ -1,4 +1,5 @@
-"""Tests for model/evaluation.py without trained models: episodes, NOTA keys, the split check.
+"""Tests for model/evaluation/splits.py without trained models:
+episodes, NOTA keys, the split check.
 
 Scoring trained models is tested through the stage (tests/stages/test_evaluate.py) and
 ``regrab-score`` (tests/cli/test_score.py).
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.evaluation import EvalConfig, SplitEpisodes, check_trained_on, nota_key
+from model.evaluation.splits import EvalConfig, SplitEpisodes, check_trained_on, nota_key
 from pipeline.errors import PipelineError
 from pipeline.io import read_fewshot
 from tests.conftest import section_config

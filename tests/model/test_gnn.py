@@ -1,11 +1,11 @@
-"""The few-shot GNN head (model/gnn.py): a brute-force graph, way equivariance, independent
+"""The few-shot GNN head (model/methods/gnn.py): a brute-force graph, way equivariance, independent
 queries, any N and K, learning, and the whole train / evaluate / load path."""
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-from model.gnn import METHODS, GNNConfig, GNNHead
+from model.methods.gnn import METHODS, GNNConfig, GNNHead
 from tests.model import tiny_regrab as toy
 
 

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from model.graph_prior import (
+from model.prior.gcn import (
     GraphPrior,
     GraphPriorConfig,
     RelationGraph,
@@ -172,7 +172,7 @@ def test_relation_names_are_read_from_keys(key, name):
 
 
 def _tiny_encoder(tmp_path):
-    from model.encoder import EncoderConfig, SentenceEncoder
+    from model.encoder.sentence import EncoderConfig, SentenceEncoder
     from tests.model.tiny_regrab import tiny_encoder
 
     cfg = EncoderConfig(name=str(tiny_encoder(tmp_path / "bert")), pooling="markers",

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from model.logits import gaussian_sample_logits, projected_logits, prototype_logits
+from model.posterior.logits import gaussian_sample_logits, projected_logits, prototype_logits
 
 
 @pytest.mark.parametrize("similarity", ["dot", "euclidean"])

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from model.baselines import PrototypeHead
-from model.maml import METHODS, MamlHead
-from model.registry import Head
+from model.methods.maml import METHODS, MamlHead
+from model.methods.proto import PrototypeHead
+from model.methods.registry import Head
 from pipeline.errors import PipelineError
 from tests.model.tiny_regrab import registered, train_evaluate_reload
 

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from model.episodes import EpisodeSampler
-from model.nota import outside_count, sample_nota
-from model.scoring import OUTSIDE
+from model.evaluation.nota import outside_count, sample_nota
+from model.evaluation.scoring import OUTSIDE
 from pipeline.errors import PipelineError
 
 

@@ -1,11 +1,11 @@
-"""The pair head (model/pair.py): pair logits against a loop over (query, way, shot) through
+"""The pair head (model/methods/pair.py): pair logits against a loop over (query, way, shot) through
 the plain transformer layers, a joint (non-additive) pair score, ways that read only their
 own shots, way equivariance, exact chunks, learning, and the train / evaluate / load path."""
 
 import pytest
 import torch
 
-from model.pair import METHODS, PairConfig, PairHead
+from model.methods.pair import METHODS, PairConfig, PairHead
 from tests.model import tiny_regrab as toy
 
 

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from model.checkpoint import build_model, save_model
-from model.encoder_cache import LowerCache, encode_all
+from model.encoder.frozen_cache import LowerCache, encode_all
 from model.episodes import Episodes, episode_accuracy, gather_episodes
-from model.graph_prior import RelationGraph
-from model.logits import similarity_logits
-from model.predictor import Predictor, predictive_summary
-from model.sentences import Sentence, parse_marked_text, parse_sentence
+from model.files.checkpoint import build_model, save_model
+from model.posterior.logits import similarity_logits
+from model.predict.predictor import Predictor, predictive_summary
+from model.predict.sentences import Sentence, parse_marked_text, parse_sentence
+from model.prior.gcn import RelationGraph
 from pipeline.errors import PipelineError
 from pipeline.io import read_parquet
 from tests.conftest import model_config

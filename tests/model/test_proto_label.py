@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from model import registry
-from model.baselines import PrototypeHead
-from model.graph_prior import GraphPriorConfig
-from model.proto_label import METHODS, LabelPrior, ProtoLabelHead
+from model.methods import registry
+from model.methods.proto import PrototypeHead
+from model.methods.proto_label import METHODS, LabelPrior, ProtoLabelHead
+from model.prior.gcn import GraphPriorConfig
 from pipeline.errors import PipelineError
 from tests.model.test_graph_prior import _labelled_graph
 from tests.model.tiny_regrab import random_episode, registered, train_evaluate_reload

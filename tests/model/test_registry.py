@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from model import registry
-from model.logits import similarity_logits
-from model.registry import Head, Method
+from model.methods import registry
+from model.methods.registry import Head, Method
+from model.posterior.logits import similarity_logits
 from tests.conftest import project_params
 from tests.model.tiny_regrab import registered, train_evaluate_reload
 
@@ -62,7 +62,7 @@ def test_a_registered_method_trains_evaluates_and_loads(toy_method, tmp_path):
 
 
 def test_unknown_methods_are_refused_everywhere():
-    from model.train_config import TrainConfig
+    from model.training.config import TrainConfig
     from pipeline.config import parse_section
     from pipeline.errors import PipelineError
 
@@ -81,3 +81,21 @@ def test_registry_order_is_the_seed_order():
 def test_a_name_cannot_be_taken_twice(toy_method):
     with pytest.raises(ValueError, match="registered twice"):
         registry.register(Method("median_toy", MedianHead, "another"))
+
+
+def test_a_methods_seed_is_its_own_not_its_place_in_the_registry():
+    # The built-ins keep the streams their committed models were trained with.
+    assert {n: registry.get(n).seed_stream for n in registry.names()} == {
+        "regrab": 0, "regrab_no_prior": 1, "mtb": 2, "proto": 3, "proto_label": 4, "maml": 5,
+        "versa": 6, "bmaml": 7, "gnn": 8, "snail": 9, "pair": 10}
+    # A method that names none gets one from its name alone, wherever it is registered.
+    toy = Method("median_toy", MedianHead, "median prototypes (test)")
+    assert toy.seed_stream == Method("median_toy", None, "other").seed_stream != 0
+    with registered(toy):
+        assert registry.get("median_toy").seed_stream == toy.seed_stream
+
+
+def test_two_methods_with_one_seed_stream_are_refused():
+    with pytest.raises(ValueError, match="seed stream of 'regrab'"):
+        registry.register(Method("copycat", MedianHead, "same stream", seed=0))
+    assert "copycat" not in registry.names()

@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from model.baselines import PrototypeHead
-from model.checkpoint import (
+from model.files.checkpoint import (
     build_head,
     build_model,
     config_for_method,
@@ -14,8 +13,9 @@ from model.checkpoint import (
     save_model,
     save_payload,
 )
-from model.graph_prior import RelationGraph
-from model.regrab import RegrabHead, mc_log_predictive
+from model.methods.proto import PrototypeHead
+from model.methods.regrab import RegrabHead, mc_log_predictive
+from model.prior.gcn import RelationGraph
 from pipeline.errors import PipelineError
 from tests.conftest import model_config
 from tests.model.tiny_regrab import tiny_encoder

@@ -4,11 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from model.baselines import PrototypeHead
-from model.checkpoint import build_head
 from model.episodes import EpisodeSampler, episode_accuracy
-from model.graph_prior import RelationGraph
-from model.scoring import (
+from model.evaluation.scoring import (
     OUTSIDE,
     EpisodeScores,
     aurc,
@@ -24,6 +21,9 @@ from model.scoring import (
     scores_from_log_probs,
     selective_accuracy,
 )
+from model.files.checkpoint import build_head
+from model.methods.proto import PrototypeHead
+from model.prior.gcn import RelationGraph
 from tests.conftest import model_config
 
 

@@ -1,10 +1,10 @@
-"""The SNAIL head (model/snail.py): causal blocks against a loop, one sequence per query,
+"""The SNAIL head (model/methods/snail.py): causal blocks against a loop, one sequence per query,
 way equivariance, any N and K, learning, and the whole train / evaluate / load path."""
 
 import pytest
 import torch
 
-from model.snail import METHODS, AttentionBlock, DenseBlock, SnailConfig, SnailHead
+from model.methods.snail import METHODS, AttentionBlock, DenseBlock, SnailConfig, SnailHead
 from tests.model import tiny_regrab as toy
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from model import tensor_file
+from model.files import tensor_file
 from pipeline.errors import PipelineError
 
 

@@ -1,4 +1,4 @@
-"""Tests for model/transe_training.py: triples to ids, the held-out slice, checkpoints and
+"""Tests for model/transe/training.py: triples to ids, the held-out slice, checkpoints and
 :func:`train` called directly (the stage's own runs are in tests/stages/test_train_transe.py)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import logging
 import numpy as np
 import torch
 
-from model.transe import TransE, make_optimizer
-from model.transe_training import (
+from model.transe.model import TransE, make_optimizer
+from model.transe.training import (
     CHECKPOINT_NAME,
     TrainTransEParams,
     encode_triples,
@@ -52,7 +52,7 @@ def test_checkpoint_round_trip_and_refusal(tmp_path, caplog):
     torch.testing.assert_close(state["model"]["relations"], model.relations.detach())
     # More epochs continue the same trajectory; anything else starts over, with a notice.
     assert load_transe(path, dataclasses.replace(TINY_CONFIG, epochs=9), "h") is not None
-    with caplog.at_level(logging.WARNING, logger="model.transe_training"):
+    with caplog.at_level(logging.WARNING, logger="model.transe.training"):
         assert load_transe(path, TINY_CONFIG, "other") is None
         assert load_transe(path, dataclasses.replace(TINY_CONFIG, lr=0.01), "h") is None
     assert "other triples" in caplog.text and "other params" in caplog.text

@@ -1,4 +1,5 @@
-"""Versa (model/versa.py): the amortised posterior, its samples, and the method end to end."""
+"""Versa (model/methods/versa.py): the amortised posterior, its samples, and the method
+end to end."""
 
 import dataclasses
 
@@ -6,15 +7,15 @@ import pytest
 import torch
 from torch import nn
 
-from model.logits import prototype_logits, similarity_logits
-from model.registry import Head
-from model.regrab import mc_log_predictive
-from model.versa import (
+from model.methods.registry import Head
+from model.methods.regrab import mc_log_predictive
+from model.methods.versa import (
     INIT_LOG_VARIANCE,
     METHODS,
     VersaHead,
     gaussian_kl_to_standard_normal,
 )
+from model.posterior.logits import prototype_logits, similarity_logits
 from pipeline.errors import PipelineError
 from tests.conftest import model_config
 from tests.model.tiny_regrab import registered, train_evaluate_reload

@@ -104,13 +104,13 @@ def toy_project(root: Path, n_splits: int = 1) -> tuple[Path, Path, Path, Path]:
 
 @contextmanager
 def registered(*methods):
-    """Register ``methods`` (:class:`model.registry.Method`) for the length of a test.
+    """Register ``methods`` (:class:`model.methods.registry.Method`) for the length of a test.
 
     The registry is loaded first, so they take the last places, as one more module in
     ``registry.MODULES`` would give them. Afterwards the methods that were not registered
     before are removed again; those already there (their module is in ``MODULES``) stay.
     """
-    from model import registry
+    from model.methods import registry
 
     before = registry.names()
     for method in methods:
@@ -134,7 +134,7 @@ def train_evaluate_reload(root: Path, methods: list[str],
     """
     import yaml
 
-    from model.checkpoint import load_model
+    from model.files.checkpoint import load_model
     from stages import evaluate
     from stages import train as train_stage
     from tests.conftest import project_params
@@ -198,7 +198,7 @@ class CandidateWayHeadChecks:
     ways_shots: list[tuple[int, int]] = []
 
     def test_it_is_a_head_whose_ways_are_coupled(self):
-        from model.registry import Head
+        from model.methods.registry import Head
 
         h = self.head()
         assert isinstance(h, Head) and h.couples_ways and h.prior is None

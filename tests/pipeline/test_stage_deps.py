@@ -18,9 +18,9 @@ def test_dvc_yaml_deps_match_the_imports():
 
 def test_closure_follows_function_level_and_registry_imports():
     train = stage_deps.closure("stages.train")
-    assert "model/regrab.py" in train and "model/baselines.py" in train  # via MODULES
+    assert "model/methods/regrab.py" in train and "model/methods/proto.py" in train  # via MODULES
     assert "pipeline/io.py" in train and "stages/evaluate.py" not in train
-    assert "model/regrab.py" not in stage_deps.closure("stages.split_nyt")
+    assert "model/methods/regrab.py" not in stage_deps.closure("stages.split_nyt")
 
 
 def _importers(doc_stages: dict, path: str) -> set[str]:

@@ -3,7 +3,7 @@ import pytest
 import torch
 import yaml
 
-from model.checkpoint import read_payload
+from model.files.checkpoint import read_payload
 from pipeline.errors import PipelineError
 from pipeline.io import file_digest
 from stages import train
@@ -134,7 +134,7 @@ def test_resume_after_kill_continues_from_saved_step(inputs, tmp_path, monkeypat
 
 
 def test_nan_loss_stops_with_step_and_checkpoint(inputs, tmp_path, monkeypatch):
-    from model.regrab import RegrabHead
+    from model.methods.regrab import RegrabHead
 
     original = RegrabHead.log_predictive
     calls = []
@@ -236,8 +236,8 @@ def test_settings_that_do_not_change_the_model_do_not_retrain(inputs, tmp_path, 
 def test_wise_ft_saves_the_mix_of_trained_and_pretrained_encoder(inputs, tmp_path):
     """With ``wise_ft`` the saved encoder is alpha * trained + (1 - alpha) * pre-trained, and
     training itself is not changed by the mixing at validation."""
-    from model.checkpoint import RegrabConfig
-    from model.encoder import SentenceEncoder
+    from model.encoder.sentence import SentenceEncoder
+    from model.files.checkpoint import RegrabConfig
 
     kw = {"val_every": 4, "steps": 4, "methods": ["proto"]}  # one validation: same best step
     _run(inputs, tmp_path / "plain", wise_ft=1.0, **kw)
@@ -272,7 +272,7 @@ def test_ways_above_the_training_relations_are_skipped_and_said(inputs, tmp_path
     """A benchmark with few training relations (NYT-25: 10) trains on the ways it has room for,
     the same model as without the larger ways listed; the skip is logged."""
     _run(inputs, tmp_path / "a")
-    with caplog.at_level("INFO", logger="model.trainer"):
+    with caplog.at_level("INFO", logger="model.training.loop"):
         _run(inputs, tmp_path / "b", ways=[2, 3, 5])
     a, b = (_weights(tmp_path / run / "split_0/regrab/model.safetensors") for run in "ab")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -1,5 +1,5 @@
-"""Tests for stages/train_transe.py, through it of model/transe_training.py, and of the TransE
-model it trains (model/transe.py)."""
+"""Tests for stages/train_transe.py, through it of model/transe/training.py, and of the TransE
+model it trains (model/transe/model.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 import torch
 import yaml
 
-from model import tensor_file, transe_training
-from model.transe import (
+from model.files import tensor_file
+from model.transe import training as transe_training
+from model.transe.model import (
     TransE,
     TransEConfig,
     cross_distance,
@@ -233,7 +234,7 @@ def test_more_epochs_continue_checkpoint(tiny):
 def test_stale_checkpoint_is_not_resumed(tiny, caplog):
     run(tiny, "x")
     write_params(tiny / "params.yaml", model={"lr": 0.01})
-    with caplog.at_level(logging.WARNING, logger="model.transe_training"):
+    with caplog.at_level(logging.WARNING, logger="model.transe.training"):
         report = run(tiny, "x")
     assert report["resumed_from_epoch"] == 0
     assert "other params" in caplog.text
@@ -418,7 +419,7 @@ def test_checkpoint_of_other_code_is_not_resumed(tiny, monkeypatch, caplog):
     from pathlib import Path
     from types import SimpleNamespace
 
-    import model.transe as transe_module
+    import model.transe.model as transe_module
 
     first = run(tiny, "x")
     assert first["resumed_from_epoch"] == 0
@@ -427,7 +428,7 @@ def test_checkpoint_of_other_code_is_not_resumed(tiny, monkeypatch, caplog):
     edited.write_text(Path(transe_module.__file__).read_text() + "\n# a fix\n")
     monkeypatch.setattr(transe_training, "transe_code", SimpleNamespace(__file__=str(edited)),
                         raising=False)
-    with caplog.at_level(logging.WARNING, logger="model.transe_training"):
+    with caplog.at_level(logging.WARNING, logger="model.transe.training"):
         report = run(tiny, "x")
     assert report["resumed_from_epoch"] == 0
     assert "other code" in caplog.text

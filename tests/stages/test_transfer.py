@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from model.transfer import cut_relations
+from model.evaluation.transfer import cut_relations
 from pipeline.errors import PipelineError
 from pipeline.io import write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA

@@ -1,0 +1,242 @@
+"""Score trained checkpoints on relations they were not trained on: the library behind
+``regrab-score`` (a user's own file) and the ``transfer`` stage (SemEval and other sets).
+
+Episodes are drawn from the data exactly as ``evaluate`` draws them from a test split, for
+every method trained on every split of a benchmark's models folder plus the untrained
+``floor`` on the same episodes. Relations with fewer than K + Q sentences are skipped; those a
+checkpoint trained or validated on are excluded (or kept and flagged). Besides
+:func:`pipeline.report.summarise`'s tables, the result says how many ways took their prior
+from the graph, from the relation's name alone, or from the shared fallback
+(:data:`model.prior.gcn.PRIOR_KINDS`), and each method's paired difference with the floor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from model.encoder.frozen_cache import LowerCache
+from model.episodes import Setting
+from model.evaluation.splits import (
+    FLOOR,
+    EvalConfig,
+    SplitEpisodes,
+    evaluate_episodes,
+    merge_shares,
+    method_shares,
+    scoring_workers,
+)
+from model.files.checkpoint import MODEL_FILE, model_file, read_payload
+from model.methods import registry
+from pipeline import report
+from pipeline.errors import PipelineError
+from pipeline.workers import run_jobs
+
+log = logging.getLogger(__name__)
+
+
+def checkpoints(models: Path, methods: list[str]) -> dict[str, dict[str, Path]]:
+    """``{split: {method: model.safetensors}}`` for every trained split under ``models``."""
+    found: dict[str, dict[str, Path]] = {}
+    for split in sorted(p for p in models.glob("split_*") if p.is_dir()):
+        for method in methods:
+            path = model_file(split / method)
+            if path.is_file():
+                found.setdefault(split.name, {})[method] = path
+    if not found:
+        raise PipelineError(f"no split_*/<method>/{MODEL_FILE} under {models}; train first "
+                            "(dvc repro) or point --models at a benchmark's models folder")
+    return found
+
+
+def sort_relations(table: pa.Table, needed: int, trained: set[str],
+                   keep_trained: bool,
+                   listed: Iterable[str] = ()) -> tuple[pa.Table, dict[str, Any]]:
+    """Drop relations with too few sentences and, unless kept, those a model trained on.
+
+    ``listed`` names every relation of the file, so one with no usable sentence (``[]``)
+    is counted among the skipped too.
+    """
+    grouped = table.group_by("relation").aggregate([("relation", "count")]).to_pydict()
+    counts = {**dict.fromkeys(listed, 0),
+              **dict(zip(grouped["relation"], grouped["relation_count"], strict=True))}
+    small = {r: n for r, n in sorted(counts.items()) if n < needed}
+    seen = sorted(set(counts) & trained)
+    drop = set(small) | (set() if keep_trained else set(seen))
+    kept = table.filter(pc.invert(pc.is_in(table["relation"], pa.array(sorted(drop),
+                                                                        pa.string()))))
+    return kept, {"too_few_sentences": small, "trained_on": seen,
+                  "trained_on_excluded": not keep_trained,
+                  "relations_scored": sorted(set(counts) - drop)}
+
+
+def cut_relations(table: pa.Table, per_relation: int, seed: int) -> pa.Table:
+    """At most ``per_relation`` sentences of each relation, a seeded random choice kept in
+    file order (0 keeps everything): large relations then cost no more than small ones."""
+    if per_relation <= 0:
+        return table
+    rng = np.random.default_rng(seed)
+    rel = np.asarray(table.column("relation").to_pylist(), dtype=object)
+    keep = []
+    for r in dict.fromkeys(rel):
+        rows = np.flatnonzero(rel == r)
+        keep.append(rows if len(rows) <= per_relation else
+                    np.sort(rng.choice(rows, per_relation, replace=False)))
+    return table.take(pa.array(np.sort(np.concatenate(keep))))
+
+
+def vs_floor(per_split: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """``<method>_minus_floor`` per setting: the mean paired difference in points, its t
+    interval over splits (None with one split) and its normal interval over the paired
+    episodes of every split (the same episodes for the method and the floor)."""
+    out: dict[str, Any] = {}
+    for split, methods in per_split.items():
+        floor = methods.get(FLOOR, {})
+        for method, settings in methods.items():
+            if method == FLOOR:
+                continue
+            for s, c in settings.items():
+                if s in floor:
+                    d = (np.asarray(c["episodes"]) - np.asarray(floor[s]["episodes"])) * 100
+                    out.setdefault(f"{method}_minus_floor", {}).setdefault(s, {})[split] = d
+    result: dict[str, Any] = {}
+    for key, settings in out.items():
+        result[key] = {}
+        for s, by_split in settings.items():
+            means = [float(d.mean()) for d in by_split.values()]
+            pooled = np.concatenate(list(by_split.values()))
+            between = report.interval(means)
+            result[key][s] = {
+                "diff": float(np.mean(means)),
+                "ci95": between["ci95"] if len(means) > 1 else None,
+                "episode_ci95": float(1.96 * pooled.std(ddof=1) / np.sqrt(len(pooled))),
+                "per_split": dict(zip(by_split, means, strict=True))}
+    return result
+
+
+def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
+                settings: list[Setting], device: str, methods: list[str] | None = None,
+                episodes: int | None = None, keep_trained: bool = False,
+                listed: Iterable[str] = (), workers: int = 1) -> dict[str, Any]:
+    """Score every method trained on every split under ``models`` on ``table``.
+
+    Args:
+        name: the data's name, in messages.
+        table: its sentences (``FEWSHOT_SCHEMA``).
+        models: a benchmark's models folder.
+        base: the ``evaluate`` section (queries, seed, batch sizes, read_names).
+        settings: the settings to score.
+        device: where to run the models.
+        methods: the methods to score (None: every method trained on every split).
+        episodes: episodes per setting and split (None: ``base.episodes``).
+        keep_trained: keep (and flag) relations a checkpoint trained or validated on.
+        listed: every relation of the file, so empty ones are counted as skipped.
+        workers: processes scoring at once (CPU only), one split each, or shares of a
+            split's methods when there are fewer splits; the numbers do not depend on it.
+
+    Returns:
+        ``summary`` (:func:`pipeline.report.summarise`, plus ``relations``, ``priors`` and
+        ``vs_floor``), ``methods``, ``cfg`` (the evaluate config used), ``sentences`` (kept)
+        and ``needed`` (the fewest sentences a scored relation has).
+    """
+    wanted = methods or list(registry.names())
+    unknown = sorted(set(wanted) - set(registry.names()))
+    if unknown:
+        raise PipelineError(f"--methods has {unknown}; use some of {list(registry.names())}")
+    found = checkpoints(models, wanted)
+    everywhere = [m for m in wanted if all(m in paths for paths in found.values())]
+    if methods and everywhere != methods:
+        missing = sorted(set(methods) - set(everywhere))
+        raise PipelineError(f"{missing} not trained on every split under {models}; "
+                            "train them or leave them out of --methods")
+    if not settings:
+        raise PipelineError("--settings is empty; give e.g. 5w1s,5w5s")
+    if episodes is not None and episodes < 1:
+        raise PipelineError(f"--episodes {episodes}: give 1 or more")
+    cfg = dataclasses.replace(
+        base, methods=tuple(everywhere), settings=tuple(s.name for s in settings), splits=(),
+        episodes=episodes or base.episodes, nota_rates=(), nota_settings=(), floor=True)
+    trained: set[str] = set()
+    encoders = set()
+    for paths in found.values():
+        for path in paths.values():
+            payload = read_payload(path)
+            for part in ("train", "val"):
+                trained |= set((payload.get("relations") or {}).get(part, []))
+            encoders.add(payload["config"]["encoder"]["name"])
+    if len(encoders) > 1:
+        raise PipelineError(f"the checkpoints under {models} use different encoders "
+                            f"{sorted(encoders)}; score one benchmark's models at a time")
+    needed = max(s.shots for s in settings) + cfg.queries
+    table, relations = sort_relations(table, needed, trained, keep_trained, listed)
+    usable = len(relations["relations_scored"])
+    too_many = [s.name for s in settings if s.ways > usable]
+    if too_many:
+        raise PipelineError(
+            f"{name} has {usable} usable relations (>= {needed} sentences"
+            f"{'' if keep_trained else ', not trained on'}), fewer than the ways of "
+            f"{too_many}; lower N in --settings" + ("" if keep_trained else
+                                                    " or pass --keep-trained"))
+    workers = scoring_workers(workers, device)
+    shares = [_Share(split, i, part) for i, split in enumerate(found)
+              for part in method_shares(cfg, cfg.methods, len(found), workers)]
+    workers = max(1, min(workers, len(shares)))
+    # One process shares one frozen-layer cache between splits (the same sentences); forked
+    # workers each fill their own.
+    score = functools.partial(_score_share, table=table, models=models, device=device,
+                              cache=LowerCache() if workers == 1 else None)
+    results: dict[int, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+    t0 = time.perf_counter()
+
+    def done(i: int, result: tuple[dict[str, Any], dict[str, Any], dict[str, Any]]) -> None:
+        results[i] = result
+        log.info("%s: %s scored (%d of %d, %.0f s so far)", shares[i].split,
+                 ", ".join(shares[i].cfg.methods) or FLOOR, len(results), len(shares),
+                 time.perf_counter() - t0)
+
+    run_jobs(score, shares, workers, cfg.threads, done)
+    per_split, nota = merge_shares((share.split, cfg.methods, *results[i][:2])
+                                   for i, share in enumerate(shares))
+    priors: dict[str, dict[str, int]] = {}
+    for i in range(len(shares)):
+        for method, counts in results[i][2].items():
+            total = priors.setdefault(method, dict.fromkeys(counts, 0))
+            for kind, n in counts.items():
+                total[kind] += n
+    summary = report.summarise(per_split, nota)
+    summary["relations"] = relations
+    summary["priors"] = priors
+    summary["vs_floor"] = vs_floor(per_split)
+    return {"summary": summary, "methods": everywhere, "cfg": cfg, "sentences": table.num_rows,
+            "needed": needed}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Share:
+    """Some methods of one checkpoint split, scored in one process."""
+
+    split: str
+    index: int
+    cfg: EvalConfig  # its methods, and whether it scores the floor
+
+
+def _score_share(share: _Share, table: pa.Table, models: Path, device: str,
+                 cache: LowerCache | None) -> tuple[dict[str, Any], dict[str, Any],
+                                                     dict[str, Any]]:
+    """The share's cells, NOTA cells and ways per prior kind of each method."""
+    # The data is no model's split, so no model is checked against one.
+    eps = SplitEpisodes(share.split, table, share.cfg, share.index)
+    with torch.no_grad():
+        cells, nota = evaluate_episodes(eps, models, share.cfg, device,
+                                        cache if cache is not None else LowerCache())
+    return cells, nota, eps.priors

@@ -1,0 +1,233 @@
+"""A trained model as a folder a user can take away: weights, config, encoder, model card.
+
+Layout (the Hugging Face one)::
+
+    DIR/config.json        method and component configs, graph relation ids and labels,
+                           training summary, params and data fingerprints, metrics
+    DIR/model.safetensors  the trained weights (encoder top layers, head, graph tensors)
+    DIR/encoder/           the pre-trained encoder the weights sit on (safetensors, tokenizer)
+    DIR/README.md          the model card
+
+``regrab-predict --checkpoint DIR`` needs nothing else: no project data, no ``params.yaml``.
+Everything in the folder is data (JSON and safetensors); nothing in it is executed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from model.encoder.files import quiet_transformers, resolve_encoder_path
+from model.files import tensor_file
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_dir
+
+#: ``config.json``'s format tag.
+FOLDER_FORMAT = "regrab-model-folder-1"
+#: What the error messages tell a user to do with a folder that is not usable.
+FIX = "export it again with `regrab-models export`"
+#: The largest ``config.json`` read (a real one is a few kB; a graph of every Wikidata
+#: relation stays far below this).
+MAX_CONFIG_BYTES = 16 * 2**20
+#: Licences of the data a model can be trained on (shared/data README).
+DATA_LICENCES = {
+    "nyt25": "FewRel 2.0 NYT set (MIT, thunlp/FewRel)",
+    "fewrel": "FewRel 1.0 train/val (MIT, thunlp/FewRel)",
+    "graph": "Wikidata statements via WD50K and CoDEx-M (MIT); Wikidata itself is CC0",
+}
+
+
+def read(folder: Path) -> dict[str, Any]:
+    """A model folder as the payload :func:`model.files.checkpoint.load_model` reads."""
+    cfg_path, weights = folder / "config.json", folder / "model.safetensors"
+    if not cfg_path.is_file():
+        raise PipelineError(f"model folder {folder} has no config.json; {FIX}")
+    if cfg_path.stat().st_size > MAX_CONFIG_BYTES:
+        raise PipelineError(f"model folder {folder}: config.json is over "
+                            f"{MAX_CONFIG_BYTES >> 20} MiB, so not a model config; {FIX}")
+    try:
+        meta = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise PipelineError(f"model folder {folder}: config.json is not valid JSON "
+                            f"({type(exc).__name__}); {FIX}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FOLDER_FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise PipelineError(f"model folder {folder}: config.json has format "
+                            f"{str(got)[:40]!r}, want {FOLDER_FORMAT}; {FIX}")
+    for key in ("config", "graph"):
+        if not isinstance(meta.get(key), dict):
+            raise PipelineError(f"model folder {folder}: config.json has no {key!r}; {FIX}")
+    state = tensor_file.load_tensors(weights, f"model folder {folder} weights", FIX)
+    graph = meta["graph"]
+    encoder_dir = folder / "encoder"
+    return {
+        "config": meta["config"],
+        "graph_relations": graph.get("relations"),
+        "graph_feature_dim": graph.get("feature_dim"),
+        "graph_edges": graph.get("edges"),
+        "state": state,
+        "encoder_files": str(encoder_dir) if (encoder_dir / "config.json").is_file() else None,
+        **{k: meta.get(k) for k in ("params", "step", "val_acc", "summary", "relations",
+                                     "labels", "metrics")},
+    }
+
+
+def relation_labels(relations_path: Path | None, ids: list[str]) -> dict[str, str]:
+    """English labels of ``ids`` from the relations table (empty when there is none)."""
+    if relations_path is None or not relations_path.is_file():
+        return {}
+    from pipeline.io import read_parquet
+    from pipeline.schemas import RELATIONS_SCHEMA
+
+    table = read_parquet(relations_path, RELATIONS_SCHEMA).to_pydict()
+    wanted = set(ids)
+    return {r: lab for r, lab in zip(table["relation"], table["label"], strict=True)
+            if r in wanted and lab}
+
+
+def split_metrics(report: Path | None, split: str, method: str) -> dict[str, Any]:
+    """This model's test accuracies (per setting) and the benchmark's mean with its interval."""
+    if report is None or not report.is_file():
+        return {}
+    try:
+        acc = json.loads(report.read_text())["accuracy"][method]
+    except (ValueError, KeyError, TypeError):
+        return {}
+    out = {}
+    for setting, row in acc.items():
+        if isinstance(row, dict) and split in row.get("per_split", {}):
+            out[setting] = {"this_split": round(row["per_split"][split], 2),
+                            "mean_over_splits": round(row["mean"], 2),
+                            "ci95_over_splits": round(row["ci95"], 2),
+                            "n_splits": row["n_splits"],
+                            "episodes_per_split": row["episodes"] // max(row["n_splits"], 1)}
+    return out
+
+
+def export(payload: dict[str, Any], checkpoint: Path, out: Path,
+           relations_path: Path | None = None, report: Path | None = None,
+           benchmark: str | None = None, with_encoder: bool = True) -> Path:
+    """Write a train-stage checkpoint as a model folder ``out``.
+
+    Args:
+        payload: the checkpoint as :func:`model.files.checkpoint.read_payload` reads it.
+        checkpoint: where it was read from (names its split when the summary does not).
+        relations_path: the relations table, for the labels of the graph's relations.
+        report: ``metrics/<benchmark>_report.json``, for the card's test accuracies.
+        benchmark: the benchmark the model was trained for (named in the card).
+        with_encoder: copy the pre-trained encoder into the folder (otherwise loading needs
+            the encoder named in the config installed, e.g. ``minilm``).
+    """
+    config = payload["config"]
+    graph_rel = payload.get("graph_relations")
+    summary = payload.get("summary") or {}
+    split = summary.get("split") or checkpoint.parent.parent.name
+    method = config.get("method")
+    labels = relation_labels(relations_path, list(graph_rel or []))
+    seen = payload.get("relations") or {}
+    meta = {
+        "format": FOLDER_FORMAT,
+        "config": config,
+        "graph": {"relations": graph_rel, "feature_dim": payload.get("graph_feature_dim"),
+                  "edges": payload.get("graph_edges")},
+        "labels": labels,
+        "relations": seen,
+        "params": payload.get("params"),
+        "step": payload.get("step"),
+        "val_acc": payload.get("val_acc"),
+        "summary": summary,
+        "benchmark": benchmark,
+        "metrics": split_metrics(report, split, method),
+    }
+    with atomic_dir(out) as tmp:
+        tensor_file.save_tensors(tmp / "model.safetensors", payload["state"])
+        (tmp / "config.json").write_text(json.dumps(meta, indent=1) + "\n")
+        if with_encoder:
+            from transformers import AutoModel, AutoTokenizer
+
+            path = resolve_encoder_path(str(config["encoder"]["name"]))
+            with quiet_transformers():
+                AutoTokenizer.from_pretrained(path).save_pretrained(tmp / "encoder")
+                AutoModel.from_pretrained(path, add_pooling_layer=False).save_pretrained(
+                    tmp / "encoder", safe_serialization=True)
+            for stray in (tmp / "encoder").glob("*.bin"):
+                stray.unlink()
+        (tmp / "README.md").write_text(model_card(meta, with_encoder))
+    return out
+
+
+def _pct(value: Any) -> str:
+    return f"{value:.2f}%" if isinstance(value, (int, float)) else "?"
+
+
+def model_card(meta: dict[str, Any], with_encoder: bool) -> str:
+    """README.md in the Hugging Face model-card layout (YAML front matter, then sections)."""
+    cfg, summary, params = meta["config"], meta["summary"] or {}, meta["params"] or {}
+    method, bench = cfg.get("method"), meta.get("benchmark") or "unknown"
+    inputs = params.get("inputs", {})
+    seen = meta["relations"] or {}
+    lines = [
+        "---",
+        "library_name: regrab",
+        "license: mit",
+        "language: en",
+        "pipeline_tag: text-classification",
+        "tags: [relation-extraction, few-shot, bayesian, regrab]",
+        "---",
+        "",
+        f"# REGRAB model: {method}, {bench}, {summary.get('split', '?')}",
+        "",
+        "Few-shot relation classifier (Qu et al., 2020): give it a few labelled sentences per "
+        "relation and it labels new sentences, with uncertainty.",
+        "",
+        "```bash",
+        "regrab-predict --checkpoint THIS_FOLDER --support support.jsonl "
+        "--queries queries.jsonl --out preds.jsonl",
+        "```",
+        "",
+        "## Model",
+        "",
+        f"- method: `{method}`; encoder: `{cfg.get('encoder', {}).get('name')}` "
+        f"({'copied into encoder/' if with_encoder else 'not included: install it'}), "
+        f"pooling `{cfg.get('encoder', {}).get('pooling')}`, "
+        f"top {cfg.get('encoder', {}).get('train_layers')} layer(s) trained",
+        f"- relation graph: {len(meta['graph']['relations'] or [])} Wikidata relations "
+        f"({len(meta['labels'])} with labels in config.json)",
+        "",
+        "## Training data",
+        "",
+        f"- benchmark: {bench}; training relations: {', '.join(seen.get('train', [])) or '?'}",
+        f"- validation relations (model selection): {', '.join(seen.get('val', [])) or '?'}",
+        f"- best validation accuracy {_pct(summary.get('best_val_acc', meta.get('val_acc')))} "
+        f"at step "
+        f"{summary.get('best_step', meta.get('step'))} of {summary.get('steps', '?')}",
+        "",
+        "## Evaluation (test relations of the same benchmark, accuracy %)",
+        "",
+    ]
+    if meta["metrics"]:
+        lines += ["| setting | this split | mean over splits | 95% interval | episodes/split |",
+                  "|---|---:|---:|---:|---:|"]
+        for s, m in meta["metrics"].items():
+            lines.append(f"| {s} | {m['this_split']} | {m['mean_over_splits']} | "
+                         f"± {m['ci95_over_splits']} | {m['episodes_per_split']} |")
+    else:
+        lines.append("No evaluation report was given at export.")
+    lines += [
+        "",
+        "These numbers are on relations of the training benchmark's own kind of text. On "
+        "relations from other domains accuracy can be far lower; measure it on your data with "
+        "`regrab-score`.",
+        "",
+        "## Fingerprints",
+        "",
+        *[f"- `{k}`: `{v}`" for k, v in sorted(inputs.items())],
+        "",
+        "## Licences",
+        "",
+        *[f"- {v}" for v in DATA_LICENCES.values()],
+        "- the encoder keeps its own licence (all-MiniLM-L6-v2, all-mpnet-base-v2: Apache-2.0)",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,151 @@
+"""``proto_label``: prototypes that read the relation's label, with no graph and no posterior.
+
+The baseline that tells what REGRAB's graph and posterior add over reading the label. Each
+way's label mean is REGRAB's label term without the graph term,
+
+    h_r = b + g (e_r - mean e),
+
+with ``e_r`` the encoding of the relation's label sentence (the same template sentence, the
+same encoder, read the same way as REGRAB's prior: :class:`~model.prior.gcn.GraphPrior`
+with ``text: true``), ``b`` a learned vector that starts at the mean training encoding and
+``g`` a learned gain. The prototype combines it with the support mean ``m`` like a prior
+worth ``w`` extra shots,
+
+    v = (K m + w h_r) / (K + w),
+
+with ``w >= 0`` learned end to end (it starts at 1), then a softmax over ``-|x - v|^2 / T``
+as ``proto``. With ``w = 0`` it is ``proto``; with ``K = 0`` the label alone classifies.
+The graph only supplies the relation list and labels: no TransE features, no GCN, no
+sampling. Close in spirit to SimpleFSRE (Liu et al., Findings of ACL 2022), which adds the
+encoded relation name and description to the prototype; ours reads the name only (Wikidata
+labels carry no description here) and learns the mixing weight.
+
+Shapes:
+    B episodes, N ways, K shots, Q queries, D encoding size (see :mod:`model`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from model.methods.proto import PredictiveHead
+from model.methods.registry import Method
+from model.posterior.logits import similarity_logits
+from model.prior.gcn import GraphPrior, GraphPriorConfig, RelationGraph
+from pipeline.errors import PipelineError
+
+
+class LabelPrior(GraphPrior):
+    """:class:`GraphPrior` with the GCN term replaced by one learned vector ``b``."""
+
+    def __init__(self, config: GraphPriorConfig, graph: RelationGraph, out_dim: int) -> None:
+        if not config.text:
+            raise PipelineError("method proto_label reads relation labels; set "
+                                "model.prior.text: true and pass --relations")
+        super().__init__(config, graph, out_dim)
+        self.convs = nn.ModuleList()  # no graph network
+        self.base = nn.Parameter(torch.zeros(out_dim))
+
+    def _graph_states(self, rows: torch.Tensor | None) -> torch.Tensor:
+        """``b`` for every row asked for (no graph).
+
+        Shapes:
+            rows: (...,) or None -> (..., D) or (R, D)
+        """
+        shape = (len(self.relations),) if rows is None else tuple(rows.shape)
+        return self.base.expand(*shape, -1)
+
+    def _named_states(self) -> torch.Tensor:
+        """Label means of the relations named by :meth:`add_names`: (M, D)."""
+        return self.base + self.text_gain * self.named_text
+
+    def prior_kind(self, relation: str) -> str:
+        """``label`` for a relation with a label (in the graph's list or named), else
+        ``fallback``: this prior never reads the graph."""
+        row = self._index.get(relation, -1)
+        if row < 0:
+            return "fallback"
+        if row < len(self.relations) and not (self.labels and self.labels[row]):
+            return "fallback"  # listed without a label: h_r = b
+        return "label"
+
+    @torch.no_grad()
+    def start_at(self, mean: torch.Tensor) -> None:
+        """Start ``b`` at the mean training encoding (the label term's gain starts at 1).
+
+        Shapes:
+            mean: (D,)
+        """
+        self.base.copy_(mean)
+
+
+class ProtoLabelHead(PredictiveHead):
+    """Support mean and label mean combined with a learned weight; softmax over ``sim / T``
+    (:meth:`log_predictive`, with one "sample")."""
+
+    couples_ways = False
+
+    def __init__(self, prior: LabelPrior, similarity: str, temperature: float) -> None:
+        super().__init__()
+        self.prior = prior
+        self.similarity = similarity
+        self.temperature = temperature
+        #: w, the label's weight in shots (clamped at 0 when used).
+        self.label_weight = nn.Parameter(torch.tensor(1.0))
+
+    def prior_states(self) -> torch.Tensor:
+        """Label means of every relation of the graph: (R, D)."""
+        return self.prior.node_states()
+
+    def prior_means(self, states: torch.Tensor | None, rows: torch.Tensor,
+                    text: torch.Tensor | None = None) -> torch.Tensor:
+        """h_r for the ways of each episode, as :meth:`model.methods.regrab.RegrabHead.prior_means`.
+
+        Shapes:
+            states: (R, D) or None, rows: (B, N), text: (B, N, D) or None -> (B, N, D)
+        """
+        if states is None or text is not None:
+            return self.prior(rows, text)
+        h = states[rows.clamp(min=0)]  # (B, N, D)
+        return torch.where((rows < 0)[..., None], self.prior.fallback.expand_as(h), h)
+
+    def prototypes(self, support: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """``v = (K m + w h) / (K + w)``; the label mean alone when K = 0.
+
+        Shapes:
+            support: (B, N, K, D), h: (B, N, D) -> (B, N, D)
+        """
+        k = support.shape[2]
+        w = self.label_weight.clamp(min=0)
+        if k == 0:
+            return h
+        return (support.sum(2) + w * h) / (k + w)
+
+    def sample_logits(self, support: torch.Tensor, query: torch.Tensor,
+                      h: torch.Tensor | None, generator: torch.Generator | None = None
+                      ) -> torch.Tensor:
+        """Logits of every query against the prototypes, as one "sample" (S = 1).
+
+        Shapes:
+            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) -> (B, 1, Q, N)
+        """
+        if h is None:
+            raise PipelineError("proto_label needs the ways' label means (h)")
+        v = self.prototypes(support, h)  # (B, N, D)
+        return similarity_logits(query, v, self.similarity, self.temperature)[:, None]
+
+
+def _proto_label(config, graph: RelationGraph | None, dim: int) -> ProtoLabelHead:
+    if graph is None:
+        raise PipelineError("method proto_label reads the relation labels listed with the "
+                            "graph; pass --graph, --features and --relations")
+    return ProtoLabelHead(LabelPrior(config.prior, graph, dim), config.langevin.similarity,
+                          config.langevin.temperature)
+
+
+METHODS = (
+    Method("proto_label", _proto_label, "support mean plus the relation label's encoding, "
+           "learned weight; no graph, no posterior (SimpleFSRE-like)", uses_graph=True,
+           zero_shot=True, similarity="euclidean", seed=4),
+)

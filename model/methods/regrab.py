@@ -1,0 +1,192 @@
+"""REGRAB: prototypes with a graph prior, sampled by Langevin dynamics (paper section 4).
+
+``log p(y_Q | x_Q, x_S, y_S, G) ~= log (1/S) sum_s p(y_Q | x_Q, v_s)`` with ``v_s`` drawn by
+:class:`~model.posterior.langevin.LangevinSampler`
+from ``p(v | x_S, y_S, G)`` whose prior mean comes
+from :class:`~model.prior.gcn.GraphPrior` (Eq. 11, computed with logsumexp). Training
+maximises it on the queries; every piece is differentiable, so gradients reach the encoder
+through the support and the query encodings and through the Langevin steps, and reach the GCN
+through h_r, and reach the sampler's scales (lambda, sigma^2) when they are learned.
+Zero-shot (K = 0): the prototypes come from the prior alone (:mod:`model.posterior.langevin`).
+
+Evaluation keeps sampling when ``noise_eval`` is on, with a seeded generator passed in by
+the caller, so the predictive is a real average over S posterior samples and repeats.
+
+Shapes:
+    B episodes, S samples, N ways, K shots, Q queries (all ways together), D encoding size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from model.encoder.sentence import SentenceEncoder
+from model.methods.registry import Head, Method
+from model.posterior.langevin import (
+    LangevinConfig,
+    LangevinSampler,
+    heldout_scales,
+    log_evidence,
+)
+from model.prior.gcn import GraphPrior
+from pipeline.errors import PipelineError
+
+
+def mc_log_predictive(logits: torch.Tensor) -> torch.Tensor:
+    """``log (1/S) sum_s softmax(logits_s)`` computed stably with logsumexp.
+
+    Shapes:
+        logits: (B, S, Q, N) -> (B, Q, N)
+    """
+    log_p = torch.log_softmax(logits, dim=-1)  # (B, S, Q, N)
+    return torch.logsumexp(log_p, dim=1) - math.log(logits.shape[1])
+
+
+class RegrabHead(nn.Module):
+    """Posterior over prototypes (graph prior x support likelihood) and the MC predictive.
+
+    With ``prior=None`` the prior mean is 0, i.e. a standard normal prior and no graph (the
+    ``regrab_no_prior`` ablation).
+    """
+
+    def __init__(self, config: LangevinConfig, prior: GraphPrior | None, dim: int) -> None:
+        super().__init__()
+        self.config = config
+        self.prior = prior
+        self.dim = dim
+        self.sampler = LangevinSampler(config)
+        # A softmax likelihood normalises over the ways, so each prototype's posterior
+        # depends on every way's support; the gaussian one factorises per way.
+        self.couples_ways = config.likelihood != "gaussian"
+
+    def prior_states(self) -> torch.Tensor | None:
+        """GCN output for the whole graph, computed once per step or evaluation.
+
+        Shapes:
+            -> (R, D) or None without a graph
+        """
+        return None if self.prior is None else self.prior.node_states()
+
+    def prior_means(self, states: torch.Tensor | None, rows: torch.Tensor,
+                    text: torch.Tensor | None = None) -> torch.Tensor:
+        """h_r for the ways of each episode (``rows`` from :meth:`GraphPrior.index`).
+
+        ``states=None`` computes only the rows needed (cheapest for one training episode);
+        ``text`` passes the rows' label encodings computed just now (see
+        :meth:`GraphPrior.forward`).
+
+        Shapes:
+            states: (R, D) or None, rows: (B, N), text: (B, N, D) or None -> (B, N, D)
+        """
+        if self.prior is None:
+            return torch.zeros(*rows.shape, self.dim, device=rows.device)
+        if states is None or text is not None:
+            return self.prior(rows, text)
+        h = states[rows.clamp(min=0)]  # (B, N, D)
+        unknown = (rows < 0)[..., None]
+        return torch.where(unknown, self.prior.fallback.expand_as(h), h)
+
+    def sample_logits(
+        self,
+        support: torch.Tensor,
+        query: torch.Tensor,
+        h: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Query logits under every posterior sample of the prototypes.
+
+        Shapes:
+            support: (B, N, K, D) (K may be 0), query: (B, Q, D), h: (B, N, D)
+            -> (B, S, Q, N)
+        """
+        if support.shape[2] == 0 and self.prior is None:
+            raise PipelineError(
+                "zero-shot needs the graph prior; this method has none (use regrab)"
+            )
+        return self.sampler.sample_logits(support, query, h, generator)
+
+    def evidence(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+        """Log marginal likelihood of labelled sentences per way; None unless the likelihood
+        is ``gaussian`` with a proper prior (the closed form needs both).
+
+        Shapes:
+            x: (B, N, n, D), h: (B, N, D) -> (B, N)
+        """
+        if self.couples_ways or self.config.prior_precision <= 0:
+            return None
+        return log_evidence(x, h, self.sampler.precision, self.sampler.variance)
+
+    @torch.no_grad()
+    def fit_heldout(self, groups: list[torch.Tensor], h: torch.Tensor
+                    ) -> tuple[float, float] | None:
+        """Set lambda and sigma^2 by empirical Bayes on held-out relations (``scales:
+        heldout`` only); returns them, else None.
+
+        Shapes:
+            groups: one (n_r, D) tensor per relation, h: (R, D)
+        """
+        if self.sampler.mode != "heldout":
+            return None
+        lam, var = heldout_scales([x.double() for x in groups], h.double())
+        self.sampler.set_scales(lam, var)
+        return lam, var
+
+    def log_predictive(
+        self,
+        support: torch.Tensor,
+        query: torch.Tensor,
+        h: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """MC estimate of ``log p(y_q = n | x_q, x_S, y_S, G)`` for every query and way.
+
+        Shapes:
+            support: (B, N, K, D) (K may be 0), query: (B, Q, D), h: (B, N, D) -> (B, Q, N)
+        """
+        return mc_log_predictive(self.sample_logits(support, query, h, generator))
+
+
+class FewShotModel(nn.Module):
+    """Encoder + head; the head is REGRAB or a baseline (see :mod:`model.methods.proto`)."""
+
+    def __init__(self, config: Any, encoder: SentenceEncoder, head: Head) -> None:
+        """``config`` is the :class:`model.files.checkpoint.RegrabConfig` the model was built
+        from."""
+        super().__init__()
+        self.config = config
+        self.encoder = encoder
+        self.head = head
+
+    @property
+    def prior(self) -> GraphPrior | None:
+        return self.head.prior
+
+    def rows(self, relations: list[str]) -> torch.Tensor:
+        """Graph rows of relation ids (all -1 without a graph)."""
+        if self.prior is None:
+            return torch.full((len(relations),), -1, dtype=torch.long)
+        return self.prior.index(relations)
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Weights a checkpoint must store: trained encoder layers and the whole head."""
+        state = {f"encoder.{k}": v for k, v in self.encoder.trainable_state().items()}
+        state.update({f"head.{k}": v for k, v in self.head.state_dict().items()})
+        return state
+
+
+def _regrab(config, graph, dim: int) -> RegrabHead:
+    if graph is None:
+        raise PipelineError("method regrab needs the relation graph; pass --graph and --features")
+    return RegrabHead(config.langevin, GraphPrior(config.prior, graph, dim), dim)
+
+
+METHODS = (
+    Method("regrab", _regrab, "prototypes with the graph (and label) prior, Langevin "
+           "posterior samples (ours)", uses_graph=True, zero_shot=True, seed=0),
+    Method("regrab_no_prior", lambda config, graph, dim: RegrabHead(config.langevin, None, dim),
+           "REGRAB with h_r = 0: the posterior without the graph prior (ablation)", seed=1),
+)

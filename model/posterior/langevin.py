@@ -1,0 +1,446 @@
+"""The posterior over prototypes and its Langevin sampler (paper Eq. 7-10, appendix A).
+
+For an episode with N ways and K shots, the prototypes v = (v_1 .. v_N) have the posterior
+
+    log p(v | x_S, y_S, G) = c * log p(y_S | x_S, v) + sum_r log N(v_r | h_r, lambda^-1 I) + const
+
+where h_r is the graph prior mean (:mod:`model.prior.gcn`) and ``likelihood`` chooses the
+support term:
+
+* ``gaussian`` (default): each support encoding is a draw around its prototype,
+  ``x ~ N(v_y, sigma^2 I)``, summed over the shots (c = 1). This posterior is Gaussian,
+  ``N(mu_r, s_r^2 I)`` with precision ``1/s_r^2 = lambda + K / sigma^2`` and mean
+  ``mu_r = s_r^2 (lambda h_r + K m_r / sigma^2)`` (m_r the support mean): the prior's pull
+  falls as K grows, and with ``lambda -> 0`` the mean is the support mean, i.e. proto's
+  prototype. lambda and sigma^2 are on the scale of the encodings; ``scales`` says where
+  they come from (see :class:`LangevinConfig`).
+* ``softmax``: the paper's Eq. 7, ``log softmax_r(sim(x, v_r) / T)`` summed over the shots.
+* ``softmax_mean``: the same averaged over the shots (c = 1/K). This is what the authors'
+  code and our first version did; it keeps the prior's weight fixed as K grows.
+
+SGLD (Welling and Teh, 2011) with a per-way preconditioner P_r:
+
+    v <- v + eps/2 * P grad + sqrt(eps * P) * z,        z ~ N(0, I)
+
+For ``gaussian``, ``P_r = s_r^2`` (the exact posterior variance), so the chain moves on the
+posterior's own scale: a step of eps = 1 halves the distance to the mean and the noise has
+the posterior's spread, whatever the encoding norm. For the softmax likelihoods P = 1 (the
+paper's update). Chains start at ``m_r + a * h_r - b * m`` (appendix A: a = b = 1). On the
+``gaussian`` target the chain is linear, so :meth:`LangevinSampler.gaussian_chain` draws its
+state after the M steps from its exact law in one draw (the same distribution as M steps of
+:func:`langevin_step`, which the tests check; the stationary variance of a step of eps is
+``s^2 / (1 - eps/4)``, slightly wider than the posterior's, as for any unadjusted Langevin
+chain). With K = 0 there is no support: the ``gaussian`` posterior is the prior,
+``N(h_r, lambda^-1 I)``, and is sampled; the softmax likelihoods keep the paper's ``v = h``.
+At evaluation those Gaussian samples are not drawn in all D dimensions: a query's logits see
+a sample only in the span of the means, along the query's own direction and through its
+norm, so :meth:`LangevinSampler.sample_logits` draws just that
+(:func:`model.posterior.logits.gaussian_sample_logits`; each query's logits have the law of scoring
+full samples, tested).
+
+Everything is differentiable with respect to the support encodings, h, lambda and sigma^2,
+so training reaches the encoder, the GCN and (``scales: learned``) the scales through the
+samples.
+
+Shapes:
+    B episodes, S samples, N ways, K shots, Q queries, D encoding size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from model.posterior.logits import gaussian_sample_logits, prototype_logits, similarity_logits
+from pipeline.config import field
+
+Likelihood = Literal["gaussian", "softmax", "softmax_mean"]
+
+
+@dataclass(frozen=True)
+class LangevinConfig:
+    """Posterior and sampler settings (``params.yaml`` section ``model.langevin``).
+
+    Attributes:
+        samples: S posterior samples (paper: 10).
+        steps: Langevin steps (paper: 5).
+        step_size: eps (paper: 0.1).
+        step_decay: eps is multiplied by this after every step (1.0 = constant; the authors'
+            code used 0.01, which freezes the chain after the first step).
+        init_prior_weight: a in ``m_r + a * h_r - b * m``.
+        init_mean_weight: b in the same formula.
+        temperature: T; query logits are ``sim / T`` (and the softmax likelihoods' too).
+        similarity: ``dot`` (paper) or ``euclidean`` (``-||x - v||^2 / 2``, appendix C).
+        likelihood: ``gaussian``, ``softmax`` or ``softmax_mean`` (see the module doc).
+        prior_precision: lambda of ``N(v_r | h_r, lambda^-1 I)`` (the initial value unless
+            ``scales`` is ``fixed``). 0 is a flat prior (the graph has no say); it needs
+            ``scales: fixed``, since log 0 cannot be learned or estimated, and any other
+            ``scales`` is refused rather than silently treated as fixed.
+        likelihood_variance: sigma^2 of the ``gaussian`` likelihood (likewise; unused by the
+            softmax likelihoods).
+        scales: ``fixed`` (the two numbers above), ``learned`` (log lambda and log sigma^2
+            trained end to end by the few-shot loss) or ``heldout``: empirical Bayes on
+            relations the model is not trained on, re-estimated from the validation
+            relations at every validation (:func:`heldout_scales`), so lambda says how well
+            the prior predicts *unseen* relations, which is what test relations are.
+        noise_train: add the SGLD noise during training.
+        noise_eval: add it at evaluation (off: S collapses to one deterministic chain and
+            the predictive is a point estimate, not a posterior average).
+        eval_samples: S at evaluation and prediction (0: ``samples``). Training needs few
+            samples for its gradient; the predictive of a scored episode is a Monte Carlo
+            average, and more samples estimate the same average with less noise (REGRAB's
+            chains and Versa's draws; BMAML's interacting particles stay ``samples``).
+    """
+
+    samples: int = field(ge=1)
+    steps: int = field(ge=0)
+    step_size: float = field(ge=0)
+    step_decay: float = field(ge=0)
+    init_prior_weight: float
+    init_mean_weight: float
+    temperature: float = field(gt=0)
+    similarity: Literal["dot", "euclidean"]
+    likelihood: Likelihood
+    prior_precision: float = field(ge=0)
+    likelihood_variance: float = field(gt=0)
+    scales: Literal["fixed", "learned", "heldout"]
+    noise_train: bool
+    noise_eval: bool
+    eval_samples: int = field(ge=0)
+
+    def draws(self, training: bool) -> int:
+        """Independent samples per episode: ``samples`` in training, ``eval_samples`` (when
+        set) at evaluation."""
+        return self.samples if training or not self.eval_samples else self.eval_samples
+
+    def __post_init__(self) -> None:
+        if self.prior_precision == 0 and self.scales != "fixed":
+            raise ValueError(
+                f"prior_precision 0 (a flat prior) needs scales: fixed, not {self.scales} "
+                "(log 0 has nothing to learn or estimate); set scales: fixed, or a "
+                "prior_precision > 0 as the starting value"
+            )
+
+
+def init_prototypes(
+    support: torch.Tensor, h: torch.Tensor, prior_weight: float, mean_weight: float
+) -> torch.Tensor:
+    """Starting point ``m_r + a * h_r - b * m`` (appendix A).
+
+    Shapes:
+        support: (B, N, K, D), h: (B, N, D) -> (B, N, D)
+    """
+    m_r = support.mean(2)  # (B, N, D)
+    m = support.mean((1, 2))[:, None, :]  # (B, 1, D)
+    return m_r + prior_weight * h - mean_weight * m
+
+
+def gaussian_posterior(
+    support: torch.Tensor, h: torch.Tensor, precision: torch.Tensor | float,
+    variance: torch.Tensor | float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Closed-form posterior of the ``gaussian`` likelihood: mean and per-way variance.
+
+    Shapes:
+        support: (B, N, K, D), h: (B, N, D) -> mean (B, N, D), variance (B, N, 1)
+    """
+    k = support.shape[2]
+    var = 1.0 / (precision + k / variance)  # scalar: every way has K shots
+    mean = var * (precision * h + support.sum(2) / variance)  # (B, N, D)
+    return mean, torch.as_tensor(var, dtype=h.dtype, device=h.device).expand(*h.shape[:2], 1)
+
+
+def log_evidence(
+    x: torch.Tensor, h: torch.Tensor, precision: torch.Tensor | float,
+    variance: torch.Tensor | float,
+) -> torch.Tensor:
+    """Log marginal likelihood of each way's sentences under the ``gaussian`` model.
+
+    With ``x_i ~ N(v, sigma^2 I)`` and ``v ~ N(h, lambda^-1 I)``, the n sentences of a way have
+    ``log p(x | h) = log N(m | h, (1/lambda + sigma^2/n) I) + log of the scatter term``, with m
+    their mean and the scatter ``sum_i ||x_i - m||^2 / sigma^2`` (up to constants in h,
+    lambda and sigma^2). Maximising it over h, lambda and sigma^2 is empirical Bayes: it
+    trains the prior mean to predict a relation's encodings and the scales to match their
+    spread, which the few-shot loss alone barely does once the support outweighs the prior.
+
+    Shapes:
+        x: (B, N, n, D) with n >= 1, h: (B, N, D) -> (B, N)
+    """
+    n, d = x.shape[2], x.shape[3]
+    m = x.mean(2)  # (B, N, D)
+    var_m = 1.0 / precision + variance / n
+    fit = -0.5 * (((m - h) ** 2).sum(-1) / var_m + d * torch.log(torch.as_tensor(var_m)))
+    scatter = ((x - m[:, :, None]) ** 2).sum((2, 3))  # (B, N)
+    spread = -0.5 * (scatter / variance + (n - 1) * d * torch.log(torch.as_tensor(variance)))
+    return fit + spread
+
+
+def heldout_scales(
+    x: list[torch.Tensor], h: torch.Tensor, floor: float = 1e-6
+) -> tuple[float, float]:
+    """Empirical-Bayes lambda and sigma^2 from relations a model was not trained on.
+
+    Method of moments under the ``gaussian`` model: the within-relation scatter estimates
+    sigma^2, and the distance between each relation's mean encoding m_r and its prior mean
+    h_r, ``E ||m_r - h_r||^2 / D = 1/lambda + sigma^2 / n_r``, estimates 1/lambda.
+
+    Args:
+        x: per relation, its sentences' encodings, (n_r, D) with n_r >= 2.
+        h: the prior means of the same relations, (R, D).
+        floor: smallest 1/lambda and sigma^2 returned (a prior that predicts every mean
+            exactly would otherwise get infinite precision).
+
+    Returns:
+        (lambda, sigma^2) as floats.
+    """
+    d = h.shape[1]
+    scatter = sum(float(((xr - xr.mean(0)) ** 2).sum()) for xr in x)
+    dof = sum((len(xr) - 1) * d for xr in x)
+    variance = max(scatter / dof, floor)
+    gaps = [float(((xr.mean(0) - hr) ** 2).sum()) / d - variance / len(xr)
+            for xr, hr in zip(x, h, strict=True)]
+    return 1.0 / max(sum(gaps) / len(gaps), floor), variance
+
+
+def log_posterior_grad(
+    v: torch.Tensor,
+    support: torch.Tensor,
+    h: torch.Tensor,
+    *,
+    temperature: float,
+    similarity: str,
+    likelihood: str,
+    precision: torch.Tensor | float,
+    variance: torch.Tensor | float,
+) -> torch.Tensor:
+    """Closed-form gradient of the log posterior in v (the support of way n is labelled n).
+
+    ``softmax``: ``1/T sum_s (1[y_s = r] - p_sr) d sim(x_s, v_r)/d v_r`` with ``d sim/d v = x``
+    (dot) or ``x - v`` (Euclidean), divided by K for ``softmax_mean``; ``gaussian``:
+    ``K (m_r - v_r) / sigma^2``; plus the prior's ``-lambda (v_r - h_r)``.
+
+    Shapes:
+        v: (B, S, N, D), support: (B, N, K, D), h: (B, N, D) -> (B, S, N, D)
+    """
+    b, n, k, d = support.shape
+    prior = -precision * (v - h[:, None])
+    if k == 0:
+        return prior
+    if likelihood == "gaussian":
+        return prior + (support.sum(2)[:, None] - k * v) / variance
+    x = support.reshape(b, 1, n * k, d)  # (B, 1, N K, D)
+    p = torch.softmax(similarity_logits(x, v, similarity, temperature), dim=-1)  # (B,S,NK,N)
+    onehot = torch.eye(n, dtype=v.dtype, device=v.device).repeat_interleave(k, 0)  # (NK, N)
+    resid = onehot - p  # (B, S, N K, N)
+    grad = torch.einsum("bsmn,bzmd->bsnd", resid, x)  # (B, S, N, D)
+    if similarity == "euclidean":
+        grad = grad - resid.sum(2)[..., None] * v
+    grad = grad / (k * temperature if likelihood == "softmax_mean" else temperature)
+    return prior + grad
+
+
+def preconditioner(shots: int, likelihood: str, precision: torch.Tensor | float,
+                   variance: torch.Tensor | float) -> torch.Tensor | float:
+    """P of the update: the exact posterior variance for ``gaussian``, else 1."""
+    if likelihood != "gaussian":
+        return 1.0
+    return 1.0 / (precision + shots / variance)
+
+
+def langevin_step(
+    v: torch.Tensor,
+    grad: torch.Tensor,
+    step_size: float,
+    precond: torch.Tensor | float,
+    noise: torch.Tensor | None,
+) -> torch.Tensor:
+    """One SGLD update ``v + eps/2 * P grad + sqrt(eps P) z`` (pure: no state, no sampling).
+
+    Shapes:
+        v, grad, noise: (B, S, N, D) -> (B, S, N, D)
+    """
+    v = v + 0.5 * step_size * precond * grad
+    if noise is not None:
+        scale = (math.sqrt(step_size * precond) if isinstance(precond, float)
+                 else torch.sqrt(step_size * precond))
+        v = v + scale * noise
+    return v
+
+
+class LangevinSampler(nn.Module):
+    """Draws S prototype samples per episode from the posterior with SGLD.
+
+    ``scales: learned`` keeps lambda and sigma^2 as log-parameters (so they stay positive);
+    ``heldout`` keeps them as buffers that :meth:`set_scales` overwrites (they are saved with
+    the model); ``fixed`` uses the config's numbers. A flat prior (lambda = 0) is fixed:
+    :class:`LangevinConfig` refuses it with other ``scales``.
+    """
+
+    def __init__(self, config: LangevinConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.mode = config.scales
+        lam, var = math.log(config.prior_precision or 1.0), math.log(config.likelihood_variance)
+        if self.mode == "learned":
+            self.log_precision = nn.Parameter(torch.tensor(lam))
+            self.log_variance = nn.Parameter(torch.tensor(var))
+        elif self.mode == "heldout":
+            self.register_buffer("log_precision", torch.tensor(lam, dtype=torch.float64))
+            self.register_buffer("log_variance", torch.tensor(var, dtype=torch.float64))
+
+    @property
+    def precision(self) -> torch.Tensor | float:
+        if self.mode == "learned":
+            return self.log_precision.exp()
+        if self.mode == "heldout":
+            return float(self.log_precision.exp())
+        return self.config.prior_precision
+
+    @property
+    def variance(self) -> torch.Tensor | float:
+        if self.mode == "learned":
+            return self.log_variance.exp()
+        if self.mode == "heldout":
+            return float(self.log_variance.exp())
+        return self.config.likelihood_variance
+
+    def set_scales(self, precision: float, variance: float) -> None:
+        """Overwrite lambda and sigma^2 (``scales: heldout``; see :func:`heldout_scales`)."""
+        if self.mode != "heldout":
+            raise ValueError(f"set_scales needs scales: heldout, not {self.mode}")
+        self.log_precision.fill_(math.log(precision))
+        self.log_variance.fill_(math.log(variance))
+
+    def chain_law(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and spread of the chain's end state on the ``gaussian`` target.
+
+        There the update is ``v <- v - eps/2 (v - mu) + sqrt(eps s^2) z`` (the gradient is
+        ``-(v - mu) / s^2`` and P = s^2), a linear chain: after the steps v is Gaussian with
+        mean ``mu + c (v0 - mu)``, ``c = prod_t (1 - eps_t / 2)``, and variance
+        ``s^2 sum_t eps_t prod_(u > t) (1 - eps_u / 2)^2``.
+
+        Shapes:
+            v0, h: (B, N, D), support: (B, N, K, D) -> mean (B, N, D), std (B, N, 1)
+        """
+        cfg = self.config
+        mu, s2 = gaussian_posterior(support, h, self.precision, self.variance)
+        c, spread, eps = 1.0, 0.0, cfg.step_size
+        for _ in range(cfg.steps):
+            a = 1.0 - 0.5 * eps
+            c, spread = c * a, spread * a * a + eps
+            eps *= cfg.step_decay
+        return mu + c * (v0 - mu), (s2 * spread).sqrt()
+
+    def gaussian_chain(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor,
+                       samples: int, draw: Any) -> torch.Tensor:
+        """The state after ``steps`` preconditioned SGLD steps on the ``gaussian`` target.
+
+        Drawing it once from :meth:`chain_law` gives the chain's end state exactly in law, at
+        the cost of one step instead of ``steps`` (evaluation spent most of its time in the
+        steps' noise). ``langevin_step`` runs the same chain step by step; the tests check the
+        two agree.
+
+        Shapes:
+            v0, h: (B, N, D), support: (B, N, K, D) -> (B, S, N, D)
+        """
+        mean, std = self.chain_law(v0, support, h)
+        v = mean[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
+        if draw is None or not bool((std > 0).any()):
+            return v
+        return torch.addcmul(v, std[:, None], draw(v.shape))
+
+    def law(self, support: torch.Tensor, h: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Mean and spread of every sample when the samples are Gaussian and noisy; else None.
+
+        That is the ``gaussian`` likelihood with noise on: with shots the chain's end state
+        (:meth:`chain_law`), without them the prior ``N(h, lambda^-1 I)``.
+
+        Shapes:
+            support: (B, N, K, D), h: (B, N, D) -> mean (B, N, D), std (B, N, 1)
+        """
+        cfg = self.config
+        if cfg.likelihood != "gaussian" or not self.noisy():
+            return None
+        if support.shape[2] == 0:
+            if cfg.prior_precision == 0:
+                return None
+            std = torch.as_tensor((1.0 / self.precision) ** 0.5, dtype=h.dtype, device=h.device)
+            return h, std.expand(*h.shape[:2], 1)
+        v0 = init_prototypes(support, h, cfg.init_prior_weight, cfg.init_mean_weight)
+        return self.chain_law(v0, support, h)
+
+    def sample_logits(self, support: torch.Tensor, query: torch.Tensor, h: torch.Tensor,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+        """Query logits under every sample; each query's have the law of scoring
+        :meth:`forward`'s samples.
+
+        At evaluation with Gaussian samples (:meth:`law`), only what the logits see of each
+        sample is drawn (:func:`gaussian_sample_logits`), at a fraction of the cost of the
+        D-dimensional samples. In training (the gradient would run through a QR
+        decomposition) and for the other likelihoods, the samples are drawn and scored.
+
+        Shapes:
+            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) -> (B, S, Q, N)
+        """
+        cfg = self.config
+        law = None if self.training else self.law(support, h)
+        if law is not None:
+            mean, std = law
+            logits = gaussian_sample_logits(query, mean, std, cfg.draws(False),
+                                            cfg.similarity, cfg.temperature, generator)
+            if logits is not None:
+                return logits
+        v = self(support, h, generator)  # (B, S, N, D)
+        return prototype_logits(query, v, cfg.similarity, cfg.temperature)
+
+    def noisy(self) -> bool:
+        return self.config.noise_train if self.training else self.config.noise_eval
+
+    def forward(
+        self,
+        support: torch.Tensor,
+        h: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Run the chains; noise follows ``noise_train``/``noise_eval`` and ``self.training``.
+
+        Without noise every chain is identical, so one chain is run and S collapses to 1.
+
+        Shapes:
+            support: (B, N, K, D), h: (B, N, D) -> (B, S, N, D)
+        """
+        cfg = self.config
+        noisy = self.noisy()
+        samples = cfg.draws(self.training) if noisy else 1
+        k = support.shape[2]
+        lam, var = self.precision, self.variance
+
+        def draw(shape: torch.Size) -> torch.Tensor:
+            return torch.randn(shape, generator=generator, device=h.device, dtype=h.dtype)
+
+        if k == 0:
+            if cfg.likelihood != "gaussian" or not noisy or cfg.prior_precision == 0:
+                return h[:, None]  # (B, 1, N, D): the paper's zero-shot rule, v = h
+            # The posterior is the prior N(h, lambda^-1 I): sample it.
+            v = h[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
+            return v + draw(v.shape) * (1.0 / lam) ** 0.5
+        v0 = init_prototypes(support, h, cfg.init_prior_weight, cfg.init_mean_weight)
+        if cfg.likelihood == "gaussian":
+            return self.gaussian_chain(v0, support, h, samples, draw if noisy else None)
+        v = v0[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
+        precond = preconditioner(k, cfg.likelihood, lam, var)
+        eps = cfg.step_size
+        for _ in range(cfg.steps):
+            grad = log_posterior_grad(
+                v, support, h, temperature=cfg.temperature, similarity=cfg.similarity,
+                likelihood=cfg.likelihood, precision=lam, variance=var,
+            )
+            v = langevin_step(v, grad, eps, precond, draw(v.shape) if noisy else None)
+            eps *= cfg.step_decay
+        return v

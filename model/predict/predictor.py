@@ -1,0 +1,308 @@
+"""Predict relations of new sentences with a trained checkpoint, with posterior uncertainty.
+
+:class:`Predictor` loads a checkpoint once, encodes a support set once
+(:meth:`Predictor.set_support`) and then labels any number of query batches
+(:meth:`Predictor.predict`). Each query gets the probability of every candidate relation
+(REGRAB's Monte Carlo predictive over S posterior samples of the prototypes, exactly what
+``evaluate`` scores), the predictive entropy ``H[mean_s p_s]`` and the mutual information
+between the prediction and the prototypes ``H[mean_s p_s] - mean_s H[p_s]`` (0 for proto and
+mtb, whose prototypes are not sampled), both in nats; a query whose top probability is below
+the threshold abstains ("none of these").
+
+Sentences are :class:`~model.predict.sentences.Sentence` objects or what
+:func:`~model.predict.sentences.parse_sentence` reads (marked text, FewRel records, split columns).
+
+Support with unequal K per relation: the ways are run in groups of equal K and their logits
+joined. This is exact for proto and mtb (a prototype is its own way's mean) and for REGRAB's
+``gaussian`` likelihood, whose posterior factorises over the ways (a chain start with
+``init_mean_weight != 0`` then uses the group's mean support encoding). The ``softmax``
+likelihoods couple the ways through the support term, so there every way is cut to the
+smallest K (its first K sentences) and zero-shot ways cannot be mixed with few-shot ones.
+Prototype samples depend on the support and the seed only, so a query's result does not
+depend on which batch it comes in (beyond the encoder's float rounding of padded batches).
+
+Shapes:
+    S posterior samples, N ways (candidate relations), K shots, Q queries, D encoding size.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from model.encoder.frozen_cache import encode_all
+from model.files.checkpoint import load_model
+from model.methods.regrab import FewShotModel
+from model.predict.sentences import parse_sentence, sentences_table
+from model.prior.gcn import relation_name
+from pipeline.errors import PipelineError
+
+
+def entropy(p: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in nats over the last axis (0 log 0 = 0)."""
+    return -torch.special.xlogy(p, p).sum(-1)
+
+
+def predictive_summary(logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Predictive probabilities, entropy and mutual information from per-sample logits.
+
+    Shapes:
+        logits: (S, Q, N) -> probs (Q, N), entropy (Q,), mutual information (Q,)
+    """
+    log_p = torch.log_softmax(logits.double(), dim=-1)  # (S, Q, N)
+    probs = (torch.logsumexp(log_p, 0) - math.log(logits.shape[0])).exp()  # (Q, N)
+    total = entropy(probs)
+    # Clamped: the two terms agree to rounding when every sample says the same.
+    mi = (total - entropy(log_p.exp()).mean(0)).clamp(min=0.0)
+    return probs, total, mi
+
+
+@dataclass
+class Predictions:
+    """Results of :meth:`Predictor.predict` for Q queries over the N ``relations``.
+
+    Attributes:
+        relations: the candidate relations, in column order of ``probs``.
+        probs: (Q, N) predictive probabilities (rows sum to 1).
+        entropy: (Q,) predictive entropy in nats.
+        mutual_information: (Q,) mutual information between prediction and prototypes (nats).
+        threshold: top probabilities below it abstain.
+    """
+
+    relations: list[str]
+    probs: np.ndarray
+    entropy: np.ndarray
+    mutual_information: np.ndarray
+    threshold: float
+
+    def __len__(self) -> int:
+        return len(self.probs)
+
+    @property
+    def best(self) -> list[str]:
+        """The most probable relation of every query (abstaining or not)."""
+        return [self.relations[i] for i in self.probs.argmax(1)]
+
+    @property
+    def confidence(self) -> np.ndarray:
+        return self.probs.max(1)
+
+    @property
+    def abstain(self) -> np.ndarray:
+        return self.confidence < self.threshold
+
+    @property
+    def labels(self) -> list[str | None]:
+        """The prediction of every query, None where it abstains ("none of these")."""
+        return [None if a else b for a, b in zip(self.abstain, self.best, strict=True)]
+
+    def records(self) -> list[dict[str, Any]]:
+        """One plain dict per query (JSON-ready)."""
+        return [
+            {"prediction": label, "best": best, "confidence": float(conf), "abstain": bool(a),
+             "entropy": float(h), "mutual_information": float(mi),
+             "probabilities": {r: float(p) for r, p in zip(self.relations, row, strict=True)}}
+            for label, best, conf, a, h, mi, row in zip(
+                self.labels, self.best, self.confidence, self.abstain, self.entropy,
+                self.mutual_information, self.probs, strict=True)
+        ]
+
+
+@dataclass
+class SupportSummary:
+    """What :meth:`Predictor.set_support` built, for the user to read."""
+
+    relations: list[str]
+    shots: list[int]
+    used_shots: list[int]
+    zero_shot: list[str]
+    #: Where each relation's prior mean came from (``graph``, ``label``: its name alone,
+    #: ``fallback``); empty for methods without a prior.
+    priors: dict[str, str]
+    handling: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fallback_prior(self) -> list[str]:
+        return [r for r, kind in self.priors.items() if kind == "fallback"]
+
+    def lines(self) -> list[str]:
+        shots = ", ".join(f"{r} K={k}" for r, k in zip(self.relations, self.shots, strict=True))
+        out = [f"support: {len(self.relations)} candidate relations ({shots})", self.handling]
+        if self.zero_shot:
+            out.append(f"zero-shot from the prior: {', '.join(self.zero_shot)}")
+        if self.priors:
+            out.append("prior: " + ", ".join(f"{r} {k}" for r, k in self.priors.items())
+                       + " (graph: the relation graph and its label; label: the relation's "
+                       "name alone; fallback: neither, a shared learned vector)")
+        return out + self.notes
+
+
+class Predictor:
+    """A trained model ready to label sentences; load once, set the support, predict often.
+
+    Args:
+        model: a :class:`~model.methods.regrab.FewShotModel` (see :meth:`from_checkpoint`).
+        seed: seeds the S posterior samples of the prototypes (same seed, same numbers).
+        threshold: top probabilities below it abstain (0 never abstains).
+        batch_size: sentences per encoder batch.
+    """
+
+    def __init__(self, model: FewShotModel, seed: int = 0, threshold: float = 0.0,
+                 batch_size: int = 64) -> None:
+        if not 0.0 <= threshold <= 1.0:
+            raise PipelineError(f"threshold {threshold} is not a probability in [0, 1]")
+        self.model = model.eval()
+        self.seed = int(seed)
+        self.threshold = float(threshold)
+        self.batch_size = int(batch_size)
+        self.device = next(model.parameters()).device
+        self.summary: SupportSummary | None = None
+        self._groups: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike[str], device: str = "cpu",
+                        **kwargs: Any) -> Predictor:
+        """Load ``path`` onto ``device``: a train-stage ``model.safetensors``, or a folder
+        made by ``regrab-models export``."""
+        try:
+            model, _ = load_model(path, device)
+        except (RuntimeError, KeyError, TypeError) as exc:  # a payload that does not fit
+            raise PipelineError(f"checkpoint {path} is corrupt ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0][:120]}); retrain it") from exc
+        return cls(model, **kwargs)
+
+    @property
+    def relations(self) -> list[str]:
+        if self.summary is None:
+            raise PipelineError("no support set; call set_support first")
+        return self.summary.relations
+
+    @torch.no_grad()
+    def encode(self, sentences: Sequence[Any]) -> torch.Tensor:
+        """Encodings of sentences (anything :func:`parse_sentence` reads).
+
+        Shapes:
+            -> (len(sentences), D)
+        """
+        parsed = [parse_sentence(s) for s in sentences]
+        if not parsed:
+            return torch.zeros(0, self.model.encoder.out_dim, device=self.device)
+        tokens = self.model.encoder.tokenize(sentences_table(parsed))
+        return encode_all(self.model.encoder, tokens, None, self.batch_size)
+
+    @torch.no_grad()
+    def set_support(self, support: Mapping[str, Sequence[Any]],
+                    zero_shot: Sequence[str] = (),
+                    names: Mapping[str, str] | None = None) -> SupportSummary:
+        """Encode the support once: ``{relation: [sentence, ...]}`` plus zero-shot ids.
+
+        A relation outside the checkpoint's graph gets a prior from its name: ``names[r]``
+        when given, else one read from the key (``gene_found_in_organism``,
+        ``Cause-Effect(e1,e2)``; a bare Wikidata id is no name), else the shared fallback.
+        A relation with no sentences (or listed in ``zero_shot``) is predicted from its prior
+        alone, which needs a ``regrab`` checkpoint whose graph holds it or that can read its
+        name.
+        """
+        if any(isinstance(s, str | Mapping) for s in support.values()):
+            raise PipelineError("support maps each relation to a list of sentences")
+        support = {str(r): list(s) for r, s in support.items()}
+        for r in zero_shot:
+            if support.get(r):
+                raise PipelineError(f"relation {r} has support sentences and is also given "
+                                    "as zero-shot; drop one of the two")
+            support.setdefault(str(r), [])
+        relations = list(support)
+        if len(relations) < 2:
+            raise PipelineError(f"need at least 2 candidate relations, got {len(relations)}; "
+                                "add support sentences or zero-shot relation ids")
+        model, head = self.model, self.model.head
+        if model.prior is not None:
+            given = dict(names or {})
+            model.prior.add_names({r: given.get(r) or relation_name(r) for r in relations},
+                                  model.encoder, None, self.batch_size)
+        rows = model.rows(relations)  # (N,)
+        shots = [len(support[r]) for r in relations]
+        zs = [r for r, k in zip(relations, shots, strict=True) if k == 0]
+        for r in zs:
+            if model.prior is None:
+                raise PipelineError(
+                    f"relation {r} has no support sentences, and zero-shot needs the graph "
+                    f"prior, which a {model.config.method} checkpoint lacks; give it support "
+                    "sentences or use a regrab checkpoint")
+            if rows[relations.index(r)] < 0:
+                raise PipelineError(
+                    f"relation {r} has no support sentences, is not in the checkpoint's "
+                    f"relation graph ({len(model.prior.relations)} relations) and has no name "
+                    "to read, so nothing predicts it; give it support sentences or a name")
+        used, handling = self._plan(shots)
+        enc = self.encode([s for r, u in zip(relations, used, strict=True)
+                           for s in support[r][:u]])  # (sum K, D)
+        states = head.prior_states()
+        h = head.prior_means(states, rows[None].to(self.device))  # (1, N, D) or None
+        offsets = np.concatenate([[0], np.cumsum(used)])
+        self._groups = []
+        for k in sorted(set(used)):
+            ways = [n for n, u in enumerate(used) if u == k]
+            idx = torch.tensor([offsets[n] + j for n in ways for j in range(k)],
+                               dtype=torch.long, device=self.device)
+            sup = enc[idx].reshape(1, len(ways), k, enc.shape[-1])  # (1, N_k, K, D)
+            self._groups.append((ways, sup, None if h is None else h[:, ways]))
+        priors = {} if model.prior is None else {r: model.prior.prior_kind(r)
+                                                  for r in relations}
+        self.summary = SupportSummary(relations, shots, used, zs, priors, handling)
+        return self.summary
+
+    def _plan(self, shots: list[int]) -> tuple[list[int], str]:
+        """Shots used per way and a sentence saying how unequal K is handled."""
+        if len(set(shots)) == 1:
+            return shots, f"equal K={shots[0]}: one episode, as evaluate runs it"
+        if not self.model.head.couples_ways:  # prototype heads, or a factorised posterior
+            return shots, ("unequal K: ways run in groups of equal K (exact: each way's "
+                           "prototype depends on its own support only)")
+        method = self.model.config.method
+        why = (f"{self.model.config.langevin.likelihood} likelihood" if method == "regrab"
+               else f"method {method}")
+        if 0 in shots:
+            raise PipelineError(
+                f"this checkpoint's {why} couples the ways, so zero-shot "
+                "relations cannot be mixed with few-shot ones; predict them in separate runs")
+        k = min(shots)
+        return [k] * len(shots), (f"unequal K: the {why} couples the ways, "
+                                  f"so every way uses its first K={k} sentences")
+
+    @torch.no_grad()
+    def sample_logits(self, query: torch.Tensor) -> torch.Tensor:
+        """Per-sample logits of encoded queries against the support's prototypes.
+
+        The generator is seeded afresh on every call, so the prototype samples, which do not
+        depend on the queries, are the same for every batch.
+
+        Shapes:
+            query: (Q, D) -> (S, Q, N)
+        """
+        if not self._groups:
+            raise PipelineError("no support set; call set_support first")
+        gen = torch.Generator(device=self.device).manual_seed(self.seed)
+        parts, order = [], []
+        for ways, sup, h in self._groups:
+            parts.append(self.model.head.sample_logits(sup, query[None], h, gen)[0])
+            order += ways
+        s = max(p.shape[0] for p in parts)  # a deterministic group gives S = 1
+        logits = torch.cat([p.expand(s, -1, -1) for p in parts], dim=-1)  # (S, Q, N)
+        inverse = torch.argsort(torch.tensor(order, device=logits.device))
+        return logits[..., inverse]
+
+    def predict(self, queries: Sequence[Any]) -> Predictions:
+        """Probabilities, uncertainty and abstention for each query sentence."""
+        relations = self.relations
+        logits = self.sample_logits(self.encode(queries))  # (S, Q, N)
+        probs, ent, mi = predictive_summary(logits)
+        return Predictions(relations, probs.cpu().numpy(), ent.cpu().numpy(),
+                           mi.cpu().numpy(), self.threshold)
