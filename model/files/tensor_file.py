@@ -42,6 +42,11 @@ MAX_DEPTH = 64
 PICKLE_MAGIC = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 #: The largest header safetensors itself accepts.
 MAX_HEADER = 100_000_000
+#: Format tag of a TransE training state (written by :mod:`model.transe.training`); a file of
+#: another version is refused. It lives here, below TransE and the model files alike, because
+#: ``regrab-models convert`` writes TransE states too: importing it from TransE's code would
+#: make every stage that reads models depend on that code.
+TRANSE_FORMAT = "regrab-transe-2"
 
 
 def pack(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -124,6 +129,7 @@ def save(path: str | os.PathLike[str], tree: dict[str, Any], fmt: str) -> None:
     meta = {FORMAT_KEY: fmt, TREE_KEY: json.dumps(data, separators=(",", ":"))}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
+        canonical_header(Path(tmp))
 
 
 def save_tensors(path: str | os.PathLike[str], tensors: dict[str, torch.Tensor]) -> None:
@@ -132,6 +138,26 @@ def save_tensors(path: str | os.PathLike[str], tensors: dict[str, torch.Tensor])
 
     with atomic_path(path) as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
+        canonical_header(Path(tmp))
+
+
+def canonical_header(path: Path) -> None:
+    """Rewrite the JSON header of a safetensors file in one order, so that the same data
+    always gives the same bytes (and the same DVC hash).
+
+    The library keeps the metadata in a hash map whose order changes from process to process.
+    Here the metadata comes first with its keys sorted, then the tensors in the order of
+    their data, which the library lays out deterministically; the data is left as it is.
+    """
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", None)
+    ordered: dict[str, Any] = {} if meta is None else {"__metadata__": dict(sorted(meta.items()))}
+    ordered.update(sorted(header.items(), key=lambda kv: (kv[1]["data_offsets"], kv[0])))
+    text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as the library has it
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
 
 
 def looks_like_safetensors(head: bytes) -> bool:

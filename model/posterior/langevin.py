@@ -40,7 +40,9 @@ full samples, tested).
 
 Everything is differentiable with respect to the support encodings, h, lambda and sigma^2,
 so training reaches the encoder, the GCN and (``scales: learned``) the scales through the
-samples.
+samples. The target's pure functions (its gradient, the closed-form Gaussian posterior, the
+evidence and the empirical-Bayes scales) are in :mod:`model.posterior.target`; this module
+holds the settings, the chain's start and step, and the sampler around them.
 
 Shapes:
     B episodes, S samples, N ways, K shots, Q queries, D encoding size.
@@ -55,7 +57,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from model.posterior.logits import gaussian_sample_logits, prototype_logits, similarity_logits
+from model.posterior.logits import gaussian_sample_logits, prototype_logits
+from model.posterior.target import gaussian_posterior, log_posterior_grad
 from pipeline.config import field
 
 Likelihood = Literal["gaussian", "softmax", "softmax_mean"]
@@ -85,8 +88,9 @@ class LangevinConfig:
         scales: ``fixed`` (the two numbers above), ``learned`` (log lambda and log sigma^2
             trained end to end by the few-shot loss) or ``heldout``: empirical Bayes on
             relations the model is not trained on, re-estimated from the validation
-            relations at every validation (:func:`heldout_scales`), so lambda says how well
-            the prior predicts *unseen* relations, which is what test relations are.
+            relations at every validation (:func:`~model.posterior.target.heldout_scales`),
+            so lambda says how well the prior predicts *unseen* relations, which is what test
+            relations are.
         noise_train: add the SGLD noise during training.
         noise_eval: add it at evaluation (off: S collapses to one deterministic chain and
             the predictive is a point estimate, not a posterior average).
@@ -96,21 +100,37 @@ class LangevinConfig:
             chains and Versa's draws; BMAML's interacting particles stay ``samples``).
     """
 
-    samples: int = field(ge=1)
-    steps: int = field(ge=0)
-    step_size: float = field(ge=0)
-    step_decay: float = field(ge=0)
-    init_prior_weight: float
-    init_mean_weight: float
-    temperature: float = field(gt=0)
-    similarity: Literal["dot", "euclidean"]
-    likelihood: Likelihood
-    prior_precision: float = field(ge=0)
-    likelihood_variance: float = field(gt=0)
-    scales: Literal["fixed", "learned", "heldout"]
-    noise_train: bool
-    noise_eval: bool
-    eval_samples: int = field(ge=0)
+    samples: int = field(ge=1, doc="S posterior samples per episode in training, averaged by the "
+                                   "predictive (paper: 10)")
+    steps: int = field(ge=0, doc="Langevin steps (paper: 5)")
+    step_size: float = field(ge=0, doc="eps; preconditioned, so 1 halves the distance to the mean "
+                                       "in a step (paper: 0.1)")
+    step_decay: float = field(ge=0, doc="eps is multiplied by this after every step (1 = "
+                                        "constant; the authors' code decayed it 100x)")
+    init_prior_weight: float = field(doc="a in the starting point v0 = m_r + a h_r - b m (paper: "
+                                         "1)")
+    init_mean_weight: float = field(doc="b in the same formula (paper: 1; subtracting m distorts "
+                                        "Euclidean distances)")
+    temperature: float = field(gt=0, doc="T of the query softmax: logits are sim / T (paper: 10)")
+    similarity: Literal["dot", "euclidean"] = field(doc="dot (the paper's default) or euclidean "
+                                                        "(-||x - v||^2 / 2, the paper's appendix)")
+    likelihood: Likelihood = field(doc="gaussian (summed over shots), softmax (paper Eq. 7) or "
+                                       "softmax_mean")
+    prior_precision: float = field(ge=0, doc="lambda of N(v_r | h_r, I / lambda), the initial "
+                                             "value unless scales is fixed; 0 is a flat prior and "
+                                             "needs scales: fixed")
+    likelihood_variance: float = field(gt=0, doc="sigma^2 of the gaussian likelihood x ~ N(v_y, "
+                                                 "sigma^2 I), the initial value unless scales is "
+                                                 "fixed")
+    scales: Literal["fixed", "learned", "heldout"] = field(
+        doc="fixed (the two numbers above), learned (by the few-shot loss) or heldout (empirical "
+            "Bayes on the validation relations at every validation)")
+    noise_train: bool = field(doc="add the Langevin noise during training")
+    noise_eval: bool = field(doc="add it at evaluation too, so the predictive averages S samples "
+                                 "(off: one deterministic chain, a point estimate)")
+    eval_samples: int = field(ge=0, doc="S at evaluation and prediction (0: samples); more "
+                                        "samples estimate the same predictive average with less "
+                                        "noise")
 
     def draws(self, training: bool) -> int:
         """Independent samples per episode: ``samples`` in training, ``eval_samples`` (when
@@ -137,110 +157,6 @@ def init_prototypes(
     m_r = support.mean(2)  # (B, N, D)
     m = support.mean((1, 2))[:, None, :]  # (B, 1, D)
     return m_r + prior_weight * h - mean_weight * m
-
-
-def gaussian_posterior(
-    support: torch.Tensor, h: torch.Tensor, precision: torch.Tensor | float,
-    variance: torch.Tensor | float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Closed-form posterior of the ``gaussian`` likelihood: mean and per-way variance.
-
-    Shapes:
-        support: (B, N, K, D), h: (B, N, D) -> mean (B, N, D), variance (B, N, 1)
-    """
-    k = support.shape[2]
-    var = 1.0 / (precision + k / variance)  # scalar: every way has K shots
-    mean = var * (precision * h + support.sum(2) / variance)  # (B, N, D)
-    return mean, torch.as_tensor(var, dtype=h.dtype, device=h.device).expand(*h.shape[:2], 1)
-
-
-def log_evidence(
-    x: torch.Tensor, h: torch.Tensor, precision: torch.Tensor | float,
-    variance: torch.Tensor | float,
-) -> torch.Tensor:
-    """Log marginal likelihood of each way's sentences under the ``gaussian`` model.
-
-    With ``x_i ~ N(v, sigma^2 I)`` and ``v ~ N(h, lambda^-1 I)``, the n sentences of a way have
-    ``log p(x | h) = log N(m | h, (1/lambda + sigma^2/n) I) + log of the scatter term``, with m
-    their mean and the scatter ``sum_i ||x_i - m||^2 / sigma^2`` (up to constants in h,
-    lambda and sigma^2). Maximising it over h, lambda and sigma^2 is empirical Bayes: it
-    trains the prior mean to predict a relation's encodings and the scales to match their
-    spread, which the few-shot loss alone barely does once the support outweighs the prior.
-
-    Shapes:
-        x: (B, N, n, D) with n >= 1, h: (B, N, D) -> (B, N)
-    """
-    n, d = x.shape[2], x.shape[3]
-    m = x.mean(2)  # (B, N, D)
-    var_m = 1.0 / precision + variance / n
-    fit = -0.5 * (((m - h) ** 2).sum(-1) / var_m + d * torch.log(torch.as_tensor(var_m)))
-    scatter = ((x - m[:, :, None]) ** 2).sum((2, 3))  # (B, N)
-    spread = -0.5 * (scatter / variance + (n - 1) * d * torch.log(torch.as_tensor(variance)))
-    return fit + spread
-
-
-def heldout_scales(
-    x: list[torch.Tensor], h: torch.Tensor, floor: float = 1e-6
-) -> tuple[float, float]:
-    """Empirical-Bayes lambda and sigma^2 from relations a model was not trained on.
-
-    Method of moments under the ``gaussian`` model: the within-relation scatter estimates
-    sigma^2, and the distance between each relation's mean encoding m_r and its prior mean
-    h_r, ``E ||m_r - h_r||^2 / D = 1/lambda + sigma^2 / n_r``, estimates 1/lambda.
-
-    Args:
-        x: per relation, its sentences' encodings, (n_r, D) with n_r >= 2.
-        h: the prior means of the same relations, (R, D).
-        floor: smallest 1/lambda and sigma^2 returned (a prior that predicts every mean
-            exactly would otherwise get infinite precision).
-
-    Returns:
-        (lambda, sigma^2) as floats.
-    """
-    d = h.shape[1]
-    scatter = sum(float(((xr - xr.mean(0)) ** 2).sum()) for xr in x)
-    dof = sum((len(xr) - 1) * d for xr in x)
-    variance = max(scatter / dof, floor)
-    gaps = [float(((xr.mean(0) - hr) ** 2).sum()) / d - variance / len(xr)
-            for xr, hr in zip(x, h, strict=True)]
-    return 1.0 / max(sum(gaps) / len(gaps), floor), variance
-
-
-def log_posterior_grad(
-    v: torch.Tensor,
-    support: torch.Tensor,
-    h: torch.Tensor,
-    *,
-    temperature: float,
-    similarity: str,
-    likelihood: str,
-    precision: torch.Tensor | float,
-    variance: torch.Tensor | float,
-) -> torch.Tensor:
-    """Closed-form gradient of the log posterior in v (the support of way n is labelled n).
-
-    ``softmax``: ``1/T sum_s (1[y_s = r] - p_sr) d sim(x_s, v_r)/d v_r`` with ``d sim/d v = x``
-    (dot) or ``x - v`` (Euclidean), divided by K for ``softmax_mean``; ``gaussian``:
-    ``K (m_r - v_r) / sigma^2``; plus the prior's ``-lambda (v_r - h_r)``.
-
-    Shapes:
-        v: (B, S, N, D), support: (B, N, K, D), h: (B, N, D) -> (B, S, N, D)
-    """
-    b, n, k, d = support.shape
-    prior = -precision * (v - h[:, None])
-    if k == 0:
-        return prior
-    if likelihood == "gaussian":
-        return prior + (support.sum(2)[:, None] - k * v) / variance
-    x = support.reshape(b, 1, n * k, d)  # (B, 1, N K, D)
-    p = torch.softmax(similarity_logits(x, v, similarity, temperature), dim=-1)  # (B,S,NK,N)
-    onehot = torch.eye(n, dtype=v.dtype, device=v.device).repeat_interleave(k, 0)  # (NK, N)
-    resid = onehot - p  # (B, S, N K, N)
-    grad = torch.einsum("bsmn,bzmd->bsnd", resid, x)  # (B, S, N, D)
-    if similarity == "euclidean":
-        grad = grad - resid.sum(2)[..., None] * v
-    grad = grad / (k * temperature if likelihood == "softmax_mean" else temperature)
-    return prior + grad
 
 
 def preconditioner(shots: int, likelihood: str, precision: torch.Tensor | float,
@@ -309,7 +225,8 @@ class LangevinSampler(nn.Module):
         return self.config.likelihood_variance
 
     def set_scales(self, precision: float, variance: float) -> None:
-        """Overwrite lambda and sigma^2 (``scales: heldout``; see :func:`heldout_scales`)."""
+        """Overwrite lambda and sigma^2 (``scales: heldout``; see
+        :func:`~model.posterior.target.heldout_scales`)."""
         if self.mode != "heldout":
             raise ValueError(f"set_scales needs scales: heldout, not {self.mode}")
         self.log_precision.fill_(math.log(precision))

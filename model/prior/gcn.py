@@ -6,7 +6,8 @@ sentence-encoding size D so that h_r lives where prototypes live.
 
 With ``text: true`` (our addition; the paper's prior reads the embeddings only) each node's
 Wikidata label is read too, by the sentence encoder itself: the label becomes a template
-sentence (:func:`label_sentence`, ``[E1] subject [/E1] <label> [E2] object [/E2]``) and
+sentence (:func:`~model.prior.labels.label_sentence`,
+``[E1] subject [/E1] <label> [E2] object [/E2]``) and
 
     h_r = F(G)_r + g * (e_r - mean_r' e_r'),
 
@@ -15,10 +16,11 @@ by construction, so it predicts an unseen relation's prototype from its name alo
 map from TransE fitted on a handful of training relations cannot (the empirical-Bayes lambda
 of :mod:`model.posterior.langevin` measures how well it predicts). The training stage starts the
 graph term at the mean training encoding (:meth:`GraphPrior.start_at`). The prior owns the
-labels' whole life (:class:`LabelText`): their template sentences, their encodings with
-gradients during training (so the encoder learns to place sentences near their relation's
-label), and the buffer they are refreshed into at every validation, which is saved with the
-model for evaluation and prediction.
+labels' whole life (:class:`~model.prior.labels.LabelText`): their template sentences, their
+encodings with gradients during training (so the encoder learns to place sentences near their
+relation's label), and the buffer they are refreshed into at every validation, which is saved
+with the model for evaluation and prediction. The graph it reads is
+:class:`~model.prior.graph.RelationGraph`.
 
 Relations of a split that are missing from the graph get one shared, learned fallback vector
 (the authors' code silently gave them a zero prior); how many there are is logged.
@@ -30,7 +32,6 @@ Shapes:
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -41,8 +42,10 @@ from torch import nn
 from torch_geometric.nn import GCNConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
-from model.encoder.frozen_cache import LowerCache, encode_all, encode_rows
-from model.encoder.sentence import SentenceEncoder, TokenizedSet
+from model.encoder.frozen_cache import LowerCache, encode_all
+from model.encoder.sentence import SentenceEncoder
+from model.prior.graph import RelationGraph
+from model.prior.labels import LabelText, label_sentence
 from pipeline.config import field
 from pipeline.errors import PipelineError
 from pipeline.schemas import FEWSHOT_SCHEMA
@@ -66,145 +69,17 @@ class GraphPriorConfig:
             needs the labels (``stages.train --relations``).
     """
 
-    kind: Literal["gcn", "mlp"]
-    layers: int = field(ge=1)
-    hidden: int = field(ge=1)
-    normalize_features: bool
-    scale: float
-    text: bool
-
-
-#: Words around a relation label in its template sentence; the markers go round the two ends.
-LABEL_TEMPLATE = ("subject", "object")
-#: Where a way's prior mean came from (counted in reports): the graph (with the relation's
-#: label when the prior reads labels), the relation's name alone, or the shared fallback.
-PRIOR_KINDS = ("graph", "label", "fallback")
-#: A Wikidata property or item id, or a bare number: an identifier, not a name to read.
-_PID = re.compile(r"^([PQ]?\d+)$")
-#: SemEval-style argument order, ``Cause-Effect(e1,e2)``.
-_ARG_ORDER = re.compile(r"\(\s*e[12]\s*,\s*e[12]\s*\)\s*$", re.I)
-
-
-def relation_name(key: str) -> str | None:
-    """A readable name from a relation key of a FewRel-format file, or None for an id.
-
-    ``gene_found_in_organism`` -> ``gene found in organism``; ``Cause-Effect(e1,e2)`` ->
-    ``cause effect`` (the argument order is not a word); ``P17`` or ``3`` -> None.
-    """
-    key = _ARG_ORDER.sub("", key.strip())
-    if not key or _PID.match(key):
-        return None
-    words = re.sub(r"[_\-/.:]+", " ", key).split()
-    return " ".join(words).lower() or None
-
-
-def label_sentence(relation: str, label: str) -> dict:
-    """A relation label as a FEWSHOT_SCHEMA row: ``subject <label words> object``.
-
-    The encoder inserts its entity markers around ``subject`` (head) and ``object`` (tail)
-    as in any sentence, so marker pooling reads the label between them.
-    """
-    words = [LABEL_TEMPLATE[0], *label.split(), LABEL_TEMPLATE[1]]
-    return {"instance_id": f"label-{relation}", "relation": relation, "relation_name": label,
-            "tokens": words, "head_start": 0, "head_end": 1, "tail_start": len(words) - 1,
-            "tail_end": len(words), "head_id": None, "tail_id": None}
-
-
-@dataclass
-class LabelText:
-    """The relation labels of a prior with ``text: true``, as the encoder reads them.
-
-    Made by :meth:`GraphPrior.read_labels`; the trainer calls :meth:`refresh` before each
-    validation and :meth:`encodings` in each step.
-
-    Attributes:
-        prior: the prior whose labels these are.
-        tokens: one tokenized template sentence per labelled relation.
-        rows: the graph row of each sentence.
-        sentence_of: per graph row, its sentence (-1: no label).
-        cache: the frozen-layer cache of the encoder (None when every layer trains).
-        batch_size: sentences per encoder batch.
-    """
-
-    prior: GraphPrior
-    tokens: TokenizedSet
-    rows: list[int]
-    sentence_of: torch.Tensor  # (R,)
-    cache: LowerCache | None
-    batch_size: int
-
-    def refresh(self, encoder: SentenceEncoder) -> None:
-        """Re-encode every label with the encoder as it is now, into the prior's buffer."""
-        self.prior.set_text(self.rows, encode_all(encoder, self.tokens, self.cache,
-                                                  self.batch_size))
-
-    def encodings(self, encoder: SentenceEncoder, rows: torch.Tensor) -> torch.Tensor | None:
-        """The label encodings of graph ``rows`` with gradients, NaN where there is no label
-        (None when no row has one).
-
-        Shapes:
-            rows: (B, N) -> (B, N, D)
-        """
-        idx = torch.where(rows >= 0, self.sentence_of[rows.clamp(min=0).cpu()].to(rows.device),
-                          -1)
-        present = idx >= 0
-        if not bool(present.any()):
-            return None
-        enc = encode_rows(encoder, self.tokens, idx[present].cpu().numpy(), self.cache,
-                          batch_size=max(int(present.sum()), 1))
-        out = torch.full((*rows.shape, enc.shape[-1]), float("nan"), device=enc.device,
-                         dtype=enc.dtype)
-        return out.index_put((present,), enc)
-
-
-@dataclass
-class RelationGraph:
-    """Node features and edges of the relation graph, indexed by relation id."""
-
-    relations: list[str]
-    features: torch.Tensor  # (R, F)
-    edge_index: torch.Tensor  # (2, E)
-    edge_weight: torch.Tensor  # (E,)
-    labels: list[str | None] | None = None  # per relation; None: no labels were given
-
-    @classmethod
-    def from_tables(cls, graph: pa.Table, features: pa.Table,
-                    relations: pa.Table | None = None) -> RelationGraph:
-        """Build from GRAPH_SCHEMA and embeddings_schema tables; edges to unknown nodes dropped.
-
-        ``relations`` (RELATIONS_SCHEMA) gives each node its label; nodes it lacks get none.
-        """
-        rel = features.column("relation").to_pylist()
-        if len(rel) == 0:
-            raise PipelineError("relation feature table is empty; rebuild data/features")
-        emb = features.column("embedding").combine_chunks()
-        dim = emb.type.list_size
-        values = emb.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-        feats = torch.from_numpy(values.reshape(len(rel), dim).copy())
-        if not torch.isfinite(feats).all():
-            raise PipelineError("relation features contain NaN/inf; rebuild data/features")
-        index = {r: i for i, r in enumerate(rel)}
-        src = graph.column("src").to_pylist()
-        dst = graph.column("dst").to_pylist()
-        weight = graph.column("weight").to_numpy(zero_copy_only=False).astype(np.float32)
-        pairs = enumerate(zip(src, dst, strict=True))
-        keep = [i for i, (s, d) in pairs if s in index and d in index]
-        dropped = len(src) - len(keep)
-        if dropped:
-            log.warning("graph: %d of %d edges touch relations without features; dropped",
-                        dropped, len(src))
-        edge_index = torch.tensor(
-            [[index[src[i]] for i in keep], [index[dst[i]] for i in keep]], dtype=torch.long
-        ).reshape(2, -1)
-        labels = None
-        if relations is not None:
-            named = dict(zip(relations.column("relation").to_pylist(),
-                             relations.column("label").to_pylist(), strict=True))
-            labels = [(named.get(r) or "").strip() or None for r in rel]
-            if not any(labels):
-                raise PipelineError("the relations table labels none of the graph's relations; "
-                                    "rebuild data/wikidata/relations.parquet")
-        return cls(rel, feats, edge_index, torch.from_numpy(weight[keep].copy()), labels)
+    kind: Literal["gcn", "mlp"] = field(doc="gcn (paper Eq. 6) or mlp: the same network on a "
+                                            "graph without edges, a feed-forward network over "
+                                            "each relation's own embedding (the paper's ablation)")
+    layers: int = field(ge=1, doc="GCN layers (paper: 1)")
+    hidden: int = field(ge=1, doc="width of the hidden GCN layers (used when layers > 1)")
+    normalize_features: bool = field(doc="scale node features to unit norm first (TransE norms "
+                                         "vary)")
+    scale: float = field(doc="initial value of a learned output scale; h_r starts small so that "
+                             "the untrained prior does not drown the support likelihood")
+    text: bool = field(doc="add the encoding of each relation's Wikidata label to h_r (needs the "
+                           "labels: stages.train --relations)")
 
 
 class GraphPrior(nn.Module):
@@ -314,7 +189,8 @@ class GraphPrior(nn.Module):
             self._index[r] = len(self.relations) + j
 
     def prior_kind(self, relation: str) -> str:
-        """Where ``relation``'s prior mean comes from: one of :data:`PRIOR_KINDS`."""
+        """Where ``relation``'s prior mean comes from: one of
+        :data:`~model.prior.labels.PRIOR_KINDS`."""
         row = self._index.get(relation, -1)
         if row < 0:
             return "fallback"
@@ -354,7 +230,7 @@ class GraphPrior(nn.Module):
         gain at 1, by setting the last GCN layer's bias.
 
         (A gain fitted by least squares on the training relations' mean encodings did worse
-        on the tuning relations: README, Findings.)
+        on the tuning relations: docs/results.md#tuning-relations.)
 
         Shapes:
             mean: (D,)

@@ -6,7 +6,8 @@ epochs, checkpoints and the held-out MRR report.
 with a report. Checkpoints (tables, optimiser moments, epoch, generator state, config) are
 written atomically every ``checkpoint_every`` epochs; a rerun with the same data and params
 resumes from the last one and ends with the same embeddings (bit for bit on CPU) as a run
-that was never stopped. The model and one epoch of training are in :mod:`model.transe.model`.
+that was never stopped. The model and its loss are in :mod:`model.transe.model`, one epoch of
+training in :mod:`model.transe.optim`, the held-out ranking in :mod:`model.transe.ranking`.
 """
 
 from __future__ import annotations
@@ -26,29 +27,24 @@ import torch
 from tqdm import tqdm
 
 from model.files import tensor_file
+from model.files.tensor_file import TRANSE_FORMAT
 from model.transe import model as transe_code
-from model.transe.model import (
-    TransE,
-    TransEConfig,
-    filtered_ranks,
-    make_optimizer,
-    rank_metrics,
-    train_epoch,
-)
-from pipeline.config import field
+from model.transe import optim as transe_optim
+from model.transe.model import TransE, TransEConfig
+from model.transe.optim import make_optimizer, train_epoch
+from model.transe.ranking import filtered_ranks, rank_metrics
+from pipeline.config import field, register_section
 from pipeline.errors import PipelineError
 from pipeline.io import remove_stale_temporaries
 from pipeline.schemas import embeddings_schema
 
 log = logging.getLogger(__name__)
 
-#: Format tag of a TransE checkpoint (:mod:`model.files.tensor_file`); a file of another version is
-#: refused.
-TRANSE_FORMAT = "regrab-transe-2"
 #: File name of the checkpoint inside ``--checkpoint-dir``.
 CHECKPOINT_NAME = "transe.safetensors"
 
 
+@register_section("train_transe")
 @dataclass(frozen=True)
 class TrainTransEParams:
     """The ``train_transe`` section of ``params.yaml``.
@@ -62,12 +58,14 @@ class TrainTransEParams:
         eval_batch_size: Held-out queries ranked against all entities at once.
     """
 
-    model: TransEConfig
-    device: str
-    threads: int = field(ge=0)
-    checkpoint_every: int = field(ge=1)
-    heldout_fraction: float = field(ge=0.0, lt=0.5)
-    eval_batch_size: int = field(ge=1)
+    model: TransEConfig = field(doc="TransE and its training schedule")
+    device: str = field(doc="auto (CUDA when present), cpu or cuda[:N]")
+    threads: int = field(ge=0, doc="CPU threads for torch; 0 keeps torch's default (all cores)")
+    checkpoint_every: int = field(ge=1, doc="write a checkpoint every this many epochs (and after "
+                                            "the last)")
+    heldout_fraction: float = field(ge=0.0, lt=0.5, doc="share of triples kept out of training "
+                                                        "for the MRR check")
+    eval_batch_size: int = field(ge=1, doc="held-out queries ranked against all entities at once")
 
 
 @dataclass(frozen=True)
@@ -155,10 +153,11 @@ def split_heldout(triples: np.ndarray, fraction: float, seed: int) -> tuple[np.n
 def fingerprint(data: EncodedTriples, train: np.ndarray, device: str = "cpu") -> str:
     """Hash of what a checkpoint's numbers depend on: names, training triples and code.
 
-    The code part (``model/transe/model.py``, the torch version, the device type and, on CPU,
-    the vector instruction set torch dispatches to) keeps a persisted checkpoint written
-    by other code or on another machine type from being resumed: its trajectory would
-    differ from a fresh run's, so the output would not be what this code computes.
+    The code part (``model/transe/model.py`` and ``optim.py``, the torch version, the device
+    type and, on CPU, the vector instruction set torch dispatches to) keeps a persisted
+    checkpoint written by other code or on another machine type from being resumed: its
+    trajectory would differ from a fresh run's, so the output would not be what this code
+    computes.
     """
     digest = hashlib.sha256()
     digest.update("\n".join(data.entities.tolist()).encode())
@@ -167,7 +166,8 @@ def fingerprint(data: EncodedTriples, train: np.ndarray, device: str = "cpu") ->
     digest.update(b"\0")
     digest.update(np.ascontiguousarray(train).tobytes())
     digest.update(b"\0")
-    digest.update(Path(transe_code.__file__).read_bytes())
+    for code in (transe_code, transe_optim):  # what the trajectory depends on
+        digest.update(Path(code.__file__).read_bytes())
     kind = torch.device(device).type
     isa = torch.backends.cpu.get_cpu_capability() if kind == "cpu" else ""
     digest.update(f"\0torch {torch.__version__} {kind} {isa}".encode())

@@ -3,15 +3,9 @@ import pytest
 import torch
 
 from model.encoder.frozen_cache import FrozenStates, LowerCache, encode_all, encode_rows, lower
-from model.encoder.sentence import (
-    MARKERS,
-    EncoderConfig,
-    SentenceEncoder,
-    _keep_window,
-    resolve_encoder_path,
-)
+from model.encoder.sentence import EncoderConfig, SentenceEncoder, resolve_encoder_path
+from model.encoder.tokens import MARKERS, _keep_window
 from pipeline.errors import PipelineError
-from tests.conftest import project_params
 from tests.model.tiny_regrab import tiny_encoder, toy_table
 
 
@@ -301,10 +295,12 @@ def test_mpnet_top_layers_run_apart_with_position_bias(tmp_path, train_layers, k
 def test_layers_without_a_known_layout_freeze_whole_or_train_whole(tmp_path, monkeypatch):
     """A model whose layers neither run alone (BERT) nor take a position bias (MPNet)."""
     import model.encoder.frozen_cache
+    import model.encoder.layers
     import model.encoder.sentence
 
     folder = _tiny_mpnet(tmp_path / "mpnet")
-    for module in (model.encoder.sentence, model.encoder.frozen_cache):  # layout not recognised
+    for module in (model.encoder.sentence, model.encoder.frozen_cache,
+                   model.encoder.layers):  # layout not recognised
         monkeypatch.setattr(module, "takes_position_bias", lambda _: False)
     enc = _encoder(folder, train_layers=0).eval()
     tok = enc.tokenize(toy_table(["P1", "P2"], 3, seed=1))
@@ -318,9 +314,9 @@ def test_layers_without_a_known_layout_freeze_whole_or_train_whole(tmp_path, mon
 
 
 def test_checkpoint_configs_from_before_block_norm_still_load():
-    from model.files.checkpoint import RegrabConfig
+    from model.config import RegrabConfig
+    from tests.conftest import model_config
 
-    old = project_params()["model"]
-    old = {"method": "regrab", **old}
+    old = model_config("regrab").to_dict()
     del old["encoder"]["block_norm"]
     assert RegrabConfig.from_dict(old).encoder.block_norm is False

@@ -4,13 +4,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from model.prior.gcn import (
-    GraphPrior,
-    GraphPriorConfig,
-    RelationGraph,
-    label_sentence,
-    relation_name,
-)
+from model.prior.gcn import GraphPrior, GraphPriorConfig
+from model.prior.graph import RelationGraph
+from model.prior.labels import label_sentence, relation_name
 from pipeline.errors import PipelineError
 from pipeline.schemas import FEWSHOT_SCHEMA, GRAPH_SCHEMA, RELATIONS_SCHEMA
 

@@ -6,13 +6,12 @@ import torch
 from model.posterior.langevin import (
     LangevinConfig,
     LangevinSampler,
-    gaussian_posterior,
     init_prototypes,
     langevin_step,
-    log_posterior_grad,
     preconditioner,
 )
 from model.posterior.logits import prototype_logits, similarity_logits
+from model.posterior.target import gaussian_posterior, log_posterior_grad
 from pipeline.errors import PipelineError
 from tests.conftest import model_config
 
@@ -183,7 +182,7 @@ def test_logits_temperature_and_bad_config():
 
 
 def test_log_evidence_matches_the_exact_marginal_up_to_a_constant():
-    from model.posterior.langevin import log_evidence
+    from model.posterior.target import log_evidence
 
     torch.manual_seed(5)
     n, d = 3, 4
@@ -235,7 +234,7 @@ def test_gaussian_chain_in_closed_form_equals_the_step_by_step_chain():
 
 
 def test_heldout_scales_recover_lambda_and_sigma_from_the_generative_model():
-    from model.posterior.langevin import heldout_scales
+    from model.posterior.target import heldout_scales
 
     g = torch.Generator().manual_seed(7)
     r, n, d, lam, var = 400, 6, 32, 4.0, 0.25

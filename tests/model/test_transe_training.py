@@ -9,7 +9,8 @@ import logging
 import numpy as np
 import torch
 
-from model.transe.model import TransE, make_optimizer
+from model.transe.model import TransE
+from model.transe.optim import make_optimizer
 from model.transe.training import (
     CHECKPOINT_NAME,
     TrainTransEParams,

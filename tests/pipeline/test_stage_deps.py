@@ -23,6 +23,19 @@ def test_closure_follows_function_level_and_registry_imports():
     assert "model/methods/regrab.py" not in stage_deps.closure("stages.split_nyt")
 
 
+@pytest.mark.parametrize("stage", ["train", "evaluate", "transfer"])
+def test_model_stages_do_not_depend_on_transe_code(stage):
+    """TransE only makes the graph's features (a data dep): editing its code must not mark the
+    stages that train, evaluate or transfer the few-shot models as changed."""
+    from ruamel.yaml import YAML
+
+    assert not [f for f in stage_deps.closure(f"stages.{stage}") if f.startswith("model/transe/")]
+    blocks = dict(stage_deps.stage_blocks(YAML().load((ROOT / "dvc.yaml").read_text())))
+    deps = [str(d) for d in blocks[stage]["deps"]]
+    assert "model/methods/regrab.py" in deps  # the code deps are there, TransE's are not
+    assert [d for d in deps if d.startswith("model/transe/")] == []
+
+
 def _importers(doc_stages: dict, path: str) -> set[str]:
     return {name for name, block in doc_stages if path in [str(d) for d in block["deps"]]}
 

@@ -1,0 +1,130 @@
+"""The posterior over prototypes as pure functions: gradient, closed form, evidence (paper
+Eq. 7-10).
+
+For an episode with N ways and K shots the prototypes v = (v_1 .. v_N) have the posterior
+
+    log p(v | x_S, y_S, G) = c * log p(y_S | x_S, v) + sum_r log N(v_r | h_r, lambda^-1 I) + const
+
+with h_r the graph prior mean and the support term chosen by ``likelihood`` (the three are
+described in :mod:`model.posterior.langevin`). :func:`log_posterior_grad` is the gradient each
+SGLD step follows. With the ``gaussian`` likelihood the posterior is Gaussian in closed form
+(:func:`gaussian_posterior`), and two functions give empirical Bayes: the marginal likelihood
+of a way's sentences (:func:`log_evidence`, a training term) and a method-of-moments estimate
+of lambda and sigma^2 from relations the model was not trained on (:func:`heldout_scales`).
+
+Nothing here keeps state or draws random numbers; the sampler that uses these,
+:class:`~model.posterior.langevin.LangevinSampler`, does.
+
+Shapes:
+    B episodes, S samples, N ways, K shots, D encoding size, R relations.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from model.posterior.logits import similarity_logits
+
+
+def gaussian_posterior(
+    support: torch.Tensor, h: torch.Tensor, precision: torch.Tensor | float,
+    variance: torch.Tensor | float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Closed-form posterior of the ``gaussian`` likelihood: mean and per-way variance.
+
+    Shapes:
+        support: (B, N, K, D), h: (B, N, D) -> mean (B, N, D), variance (B, N, 1)
+    """
+    k = support.shape[2]
+    var = 1.0 / (precision + k / variance)  # scalar: every way has K shots
+    mean = var * (precision * h + support.sum(2) / variance)  # (B, N, D)
+    return mean, torch.as_tensor(var, dtype=h.dtype, device=h.device).expand(*h.shape[:2], 1)
+
+
+def log_evidence(
+    x: torch.Tensor, h: torch.Tensor, precision: torch.Tensor | float,
+    variance: torch.Tensor | float,
+) -> torch.Tensor:
+    """Log marginal likelihood of each way's sentences under the ``gaussian`` model.
+
+    With ``x_i ~ N(v, sigma^2 I)`` and ``v ~ N(h, lambda^-1 I)``, the n sentences of a way have
+    ``log p(x | h) = log N(m | h, (1/lambda + sigma^2/n) I) + log of the scatter term``, with m
+    their mean and the scatter ``sum_i ||x_i - m||^2 / sigma^2`` (up to constants in h,
+    lambda and sigma^2). Maximising it over h, lambda and sigma^2 is empirical Bayes: it
+    trains the prior mean to predict a relation's encodings and the scales to match their
+    spread, which the few-shot loss alone barely does once the support outweighs the prior.
+
+    Shapes:
+        x: (B, N, n, D) with n >= 1, h: (B, N, D) -> (B, N)
+    """
+    n, d = x.shape[2], x.shape[3]
+    m = x.mean(2)  # (B, N, D)
+    var_m = 1.0 / precision + variance / n
+    fit = -0.5 * (((m - h) ** 2).sum(-1) / var_m + d * torch.log(torch.as_tensor(var_m)))
+    scatter = ((x - m[:, :, None]) ** 2).sum((2, 3))  # (B, N)
+    spread = -0.5 * (scatter / variance + (n - 1) * d * torch.log(torch.as_tensor(variance)))
+    return fit + spread
+
+
+def heldout_scales(
+    x: list[torch.Tensor], h: torch.Tensor, floor: float = 1e-6
+) -> tuple[float, float]:
+    """Empirical-Bayes lambda and sigma^2 from relations a model was not trained on.
+
+    Method of moments under the ``gaussian`` model: the within-relation scatter estimates
+    sigma^2, and the distance between each relation's mean encoding m_r and its prior mean
+    h_r, ``E ||m_r - h_r||^2 / D = 1/lambda + sigma^2 / n_r``, estimates 1/lambda.
+
+    Args:
+        x: per relation, its sentences' encodings, (n_r, D) with n_r >= 2.
+        h: the prior means of the same relations, (R, D).
+        floor: smallest 1/lambda and sigma^2 returned (a prior that predicts every mean
+            exactly would otherwise get infinite precision).
+
+    Returns:
+        (lambda, sigma^2) as floats.
+    """
+    d = h.shape[1]
+    scatter = sum(float(((xr - xr.mean(0)) ** 2).sum()) for xr in x)
+    dof = sum((len(xr) - 1) * d for xr in x)
+    variance = max(scatter / dof, floor)
+    gaps = [float(((xr.mean(0) - hr) ** 2).sum()) / d - variance / len(xr)
+            for xr, hr in zip(x, h, strict=True)]
+    return 1.0 / max(sum(gaps) / len(gaps), floor), variance
+
+
+def log_posterior_grad(
+    v: torch.Tensor,
+    support: torch.Tensor,
+    h: torch.Tensor,
+    *,
+    temperature: float,
+    similarity: str,
+    likelihood: str,
+    precision: torch.Tensor | float,
+    variance: torch.Tensor | float,
+) -> torch.Tensor:
+    """Closed-form gradient of the log posterior in v (the support of way n is labelled n).
+
+    ``softmax``: ``1/T sum_s (1[y_s = r] - p_sr) d sim(x_s, v_r)/d v_r`` with ``d sim/d v = x``
+    (dot) or ``x - v`` (Euclidean), divided by K for ``softmax_mean``; ``gaussian``:
+    ``K (m_r - v_r) / sigma^2``; plus the prior's ``-lambda (v_r - h_r)``.
+
+    Shapes:
+        v: (B, S, N, D), support: (B, N, K, D), h: (B, N, D) -> (B, S, N, D)
+    """
+    b, n, k, d = support.shape
+    prior = -precision * (v - h[:, None])
+    if k == 0:
+        return prior
+    if likelihood == "gaussian":
+        return prior + (support.sum(2)[:, None] - k * v) / variance
+    x = support.reshape(b, 1, n * k, d)  # (B, 1, N K, D)
+    p = torch.softmax(similarity_logits(x, v, similarity, temperature), dim=-1)  # (B,S,NK,N)
+    onehot = torch.eye(n, dtype=v.dtype, device=v.device).repeat_interleave(k, 0)  # (NK, N)
+    resid = onehot - p  # (B, S, N K, N)
+    grad = torch.einsum("bsmn,bzmd->bsnd", resid, x)  # (B, S, N, D)
+    if similarity == "euclidean":
+        grad = grad - resid.sum(2)[..., None] * v
+    grad = grad / (k * temperature if likelihood == "softmax_mean" else temperature)
+    return prior + grad
