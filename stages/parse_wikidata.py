@@ -6,6 +6,11 @@ machine by default, or an existing scheduler (``--cluster`` or ``$REGRAB_DASK_AD
 Malformed lines are skipped and counted; a damaged compressed range keeps what came before
 the damage and, unless ``--allow-damaged``, fails the stage after every output is written.
 A killed run resumes from the ranges it had finished. The library is ``pipeline.wikidata``.
+
+The report (a git-tracked DVC output) holds only what the inputs decide, so a rerun writes it
+byte for byte; how this run went (each input's wall and CPU seconds, the engine and worker
+count) goes to ``<report stem>.timing.json`` beside it, which git ignores and DVC does not
+track.
 """
 
 from __future__ import annotations
@@ -29,6 +34,31 @@ from pipeline.wikidata.tables import (
     relations_table,
     write_triples,
 )
+
+#: Per-input report keys that change with the machine's speed, not with the inputs.
+TIMING_KEYS = ("seconds", "cpu_seconds")
+
+
+def timing_path(report: Path) -> Path:
+    """Where the run record of ``report`` goes: ``report.json`` -> ``report.timing.json``."""
+    return report.with_name(report.name.split(".")[0] + ".timing.json")
+
+
+def split_timing(report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``report`` into what the inputs decide and how this run went.
+
+    Returns:
+        The report without per-input ``seconds``/``cpu_seconds`` and ``settings`` (the
+        ``--report`` file), and those (the :func:`timing_path` file).
+    """
+    inputs = [{k: v for k, v in item.items() if k not in TIMING_KEYS} for item in report["inputs"]]
+    timing = {
+        "inputs": [{"name": item["name"], **{k: item[k] for k in TIMING_KEYS if k in item}}
+                   for item in report["inputs"]],
+        "settings": report["settings"],
+    }
+    kept = {k: v for k, v in report.items() if k != "settings"}
+    return {**kept, "inputs": inputs}, timing
 
 
 def _summary_lines(report: dict[str, Any]) -> list[str]:
@@ -91,7 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse the inputs, write triples, relations and report; return the report."""
+    """Parse the inputs, write triples, relations and report; return the report.
+
+    The returned report also holds the timings and run settings that :func:`split_timing`
+    keeps out of the ``--report`` file.
+    """
     args = build_parser().parse_args(argv)
     if not args.inputs:
         raise PipelineError(
@@ -145,7 +179,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
     }
     if args.report:
-        write_json(report, args.report)
+        written, timing = split_timing(report)
+        write_json(written, args.report)
+        write_json(timing, timing_path(args.report))
     store.remove()
     print("\n".join(_summary_lines(report)))
     if damaged and not args.allow_damaged:

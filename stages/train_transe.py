@@ -8,10 +8,14 @@ moments, epoch, generator state, config) are written atomically every
 the last one and ends with the same embeddings (bit for bit on CPU) as a run
 that was never stopped (:mod:`model.transe.training`).
 
+The report (a git-tracked DVC output) holds only what the data and params decide, so a rerun
+writes it byte for byte; the wall-clock numbers (``train_seconds``, ``triples_per_second``)
+go to ``<report stem>.timing.json`` beside it, which git ignores and DVC does not track.
+
 Usage:
     python -m stages.train_transe --triples data/wikidata/triples.parquet \\
         --out data/features/transe.parquet --checkpoint-dir data/checkpoints/transe \\
-        --report data/metrics/transe.json [--params params.yaml]
+        --report data/features/transe.metrics.json [--params params.yaml]
 """
 
 from __future__ import annotations
@@ -32,6 +36,15 @@ from pipeline.config import load_section, select_device, set_threads  # noqa: E4
 from pipeline.errors import run_cli  # noqa: E402
 from pipeline.io import read_parquet, write_json, write_parquet  # noqa: E402
 from pipeline.schemas import TRIPLES_SCHEMA, embeddings_schema  # noqa: E402
+
+#: Report keys that change from run to run with the machine's speed, not with the data.
+TIMING_KEYS = ("train_seconds", "triples_per_second")
+
+
+def timing_path(report: Path) -> Path:
+    """Where the wall-clock numbers of ``report`` go: ``transe.metrics.json`` ->
+    ``transe.timing.json``."""
+    return report.with_name(report.name.split(".")[0] + ".timing.json")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,7 +71,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Train TransE on the triples and write relation embeddings plus a metrics report.
 
     Returns:
-        The report (also written as JSON).
+        The report, with the wall-clock numbers that go to :func:`timing_path` instead of
+        the report file.
     """
     args = parse_args(argv)
     params = load_section(TrainTransEParams, "train_transe", args.params)
@@ -68,8 +82,12 @@ def main(argv: list[str] | None = None) -> dict:
                           args.checkpoint_dir)
     dim = params.model.dim
     write_parquet(table, args.out, embeddings_schema(dim))
-    write_json(report, args.report or args.out.with_suffix(".metrics.json"))
-    print(f"wrote {table.num_rows} relation embeddings (dim {dim}) to {args.out}")
+    report_path = args.report or args.out.with_suffix(".metrics.json")
+    timing = {key: report[key] for key in TIMING_KEYS if key in report}
+    write_json({k: v for k, v in report.items() if k not in TIMING_KEYS}, report_path)
+    write_json(timing, timing_path(report_path))
+    print(f"wrote {table.num_rows} relation embeddings (dim {dim}) to {args.out}; trained in "
+          f"{timing.get('train_seconds')} s ({timing.get('triples_per_second')} triples/s)")
     return report
 
 

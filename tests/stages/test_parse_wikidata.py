@@ -104,7 +104,9 @@ def run(tmp_path: Path, inputs: list[Path], *extra: str) -> tuple[set, list[dict
         ]
     )
     rows = read_parquet(out, TRIPLES_SCHEMA).to_pylist()
-    assert json.loads(report.read_text()) == json.loads(json.dumps(result))
+    written, timing = pw.split_timing(result)
+    assert json.loads(report.read_text()) == json.loads(json.dumps(written))
+    assert json.loads((report.parent / "report.timing.json").read_text()) == timing
     return {(r["head"], r["relation"], r["tail"]) for r in rows}, rows, result
 
 
@@ -429,6 +431,27 @@ def test_summary_and_progress_bar(tmp_path, capsys):
     size = dump.stat().st_size + tsv.stat().st_size
     err = err.replace(".00", "")
     assert f"{size}/{size}" in err and "entities/s" in err and "rows/s" in err
+
+
+def test_rerun_writes_the_same_report_and_keeps_timings_apart(tmp_path):
+    """The report is a git-tracked DVC output: wall-clock seconds and the engine that ran
+    go to report.timing.json (gitignored), so a rerun leaves the report byte for byte."""
+    dump = write_dump(tmp_path / "d.json.bz2", [item(f"Q{i}", statement("P31", "Q5"))
+                                                for i in range(1, 50)])
+    tsv = write_lines(tmp_path / "t.tsv", ["Q1\tP31\tQ5", "Q2\tP17\tQ30"])
+    report = tmp_path / "out" / "report.json"
+    written = []
+    for extra in ([], ["--range-mb", "0.0005"]):  # same work, another cut and speed
+        result = run(tmp_path, [dump, tsv], *extra)[2]
+        written.append(report.read_bytes())
+    assert written[0] == written[1]
+    saved = json.loads(written[0])
+    assert "settings" not in saved
+    assert not {"seconds", "cpu_seconds"} & {k for item in saved["inputs"] for k in item}
+    timing = json.loads((tmp_path / "out" / "report.timing.json").read_text())
+    assert [item["name"] for item in timing["inputs"]] == ["d.json.bz2", "t.tsv"]
+    assert all(item["seconds"] >= 0 and item["cpu_seconds"] >= 0 for item in timing["inputs"])
+    assert timing["settings"] == result["settings"] and timing["settings"]["range_mb"] == 0.0005
 
 
 # --------------------------------------------------------------------------- streaming
