@@ -24,7 +24,7 @@ import torch
 from model.encoder.frozen_cache import encode_all
 from model.encoder.sentence import EncoderConfig, SentenceEncoder
 from model.episodes import EpisodeSampler, episode_accuracy, mean_ci95
-from model.methods.proto import PrototypeHead
+from model.methods.base import PrototypeHead
 from pipeline.fewrel import convert
 
 

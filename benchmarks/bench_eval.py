@@ -20,7 +20,7 @@ import torch
 
 from model.encoder.frozen_cache import LowerCache, encode_all
 from model.episodes import Episodes, EpisodeSampler, episode_accuracy
-from model.files.checkpoint import build_model, config_for_method
+from model.methods.registry import build_model, config_for_method
 from pipeline.config import load_params
 from pipeline.io import read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA

@@ -26,10 +26,11 @@ import numpy as np
 import torch
 import yaml
 
-from model.files.checkpoint import build_model, config_for_method, save_model
+from model.files.checkpoint import Checkpoint, save_checkpoint
+from model.methods.registry import build_model, config_for_method
 from model.predict.predictor import Predictor
 from model.predict.sentences import parse_sentence, sentences_table
-from model.prior.gcn import RelationGraph
+from model.prior.graph import RelationGraph
 from pipeline.io import read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 
@@ -41,7 +42,7 @@ def untrained_checkpoint(folder: Path, data: Path) -> Path:
                                       read_parquet(data / "features" / "transe.parquet"))
     model = build_model(config_for_method(params["model"], "regrab"), graph)
     path = folder / "model.safetensors"
-    save_model(path, model, {"step": 0})
+    save_checkpoint(path, Checkpoint.of(model, step=0))
     return path
 
 

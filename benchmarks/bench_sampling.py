@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from model.methods.regrab import mc_log_predictive
+from model.methods.base import mc_log_predictive
 from model.posterior.logits import gaussian_sample_logits, prototype_logits, similarity_logits
 
 

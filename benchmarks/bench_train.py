@@ -30,8 +30,8 @@ import torch
 from model.encoder import frozen_cache as encoder_cache
 from model.encoder.frozen_cache import LowerCache, encode_rows
 from model.episodes import EpisodeSampler, gather_episodes
-from model.files.checkpoint import build_model, config_for_method
-from model.prior.gcn import RelationGraph
+from model.methods.registry import build_model, config_for_method
+from model.prior.graph import RelationGraph
 from pipeline.config import load_params
 from pipeline.io import read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA

@@ -36,14 +36,9 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.csv as pcsv  # noqa: E402
 import torch  # noqa: E402
 
-from model.transe.model import (  # noqa: E402
-    TransE,
-    TransEConfig,
-    filtered_ranks,
-    make_optimizer,
-    rank_metrics,
-    train_epoch,
-)
+from model.transe.model import TransE, TransEConfig  # noqa: E402
+from model.transe.optim import make_optimizer, train_epoch  # noqa: E402
+from model.transe.ranking import filtered_ranks, rank_metrics  # noqa: E402
 from model.transe.training import encode_triples, split_heldout  # noqa: E402
 from pipeline.config import data_mirror  # noqa: E402
 from pipeline.errors import PipelineError  # noqa: E402

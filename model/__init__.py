@@ -7,7 +7,8 @@ SGLD sampler, Eq. 7-10, and prototype logits), ``methods`` (REGRAB, its baseline
 registry), ``files`` (safetensors + JSON files, checkpoints, exported model folders),
 ``training`` (the ``train`` params, the loop, resume and reuse), ``evaluation`` (scoring
 splits, calibration, NOTA, transfer), ``transe`` (relation embeddings) and ``predict`` (a
-trained model on a user's sentences). ``episodes`` (N-way K-shot sampling) serves them all.
+trained model on a user's sentences). ``episodes`` (N-way K-shot sampling) serves them all,
+and ``config`` holds the ``model`` params section and the config a model is rebuilt from.
 
 Shape letters, used by every docstring and shape comment in the project:
 

@@ -58,8 +58,8 @@ def section_config(cls, name: str, **overrides):
 
 
 def model_config(method: str = "regrab", **overrides):
-    """A :class:`model.files.checkpoint.RegrabConfig` from params.yaml's model section."""
-    from model.files.checkpoint import config_for_method
+    """A :class:`model.config.RegrabConfig` from params.yaml's model section."""
+    from model.methods.registry import config_for_method
 
     return config_for_method(merged(project_params()["model"], overrides), method)
 

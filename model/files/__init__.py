@@ -2,6 +2,7 @@
 
 Modules:
     tensor_file: the safetensors + JSON file format (loading runs no code).
-    checkpoint: method configs, building a model, and saving and loading checkpoints.
+    checkpoint: the typed checkpoint record and its file, and converting older pickles.
     model_folder: a trained model exported as a folder with its model card.
+    loader: a model rebuilt from a checkpoint file or an exported folder alone.
 """

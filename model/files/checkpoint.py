@@ -1,32 +1,34 @@
-"""Configs from ``params.yaml`` and the checkpoints of REGRAB and its baselines, in one place.
+"""The checkpoint of a REGRAB or baseline model: one typed record, and its file.
 
-``params.yaml`` holds the values, the frozen dataclasses of each component the schema
-(:class:`~model.encoder.sentence.EncoderConfig`, :class:`~model.prior.gcn.GraphPriorConfig`,
-:class:`~model.posterior.langevin.LangevinConfig`); :func:`pipeline.config.parse_section` validates
-them. A method is REGRAB or one of its baselines; the baselines differ only in how
-prototypes are formed and compared (:func:`config_for_method`).
+A :class:`Checkpoint` holds what a trained model is rebuilt from (its config, what it kept of
+the relation graph, its trained weights) and what the trainer keeps beside it (the run's
+fingerprint, step, validation accuracy, summary and history, and in the resume point the
+optimizer, scheduler and RNG states). Every module reads and writes checkpoints through it;
+only this module knows the keys of the file's data tree (:meth:`Checkpoint.to_payload`,
+:meth:`Checkpoint.from_payload`).
+
+The file is safetensors plus JSON (:mod:`model.files.tensor_file`, format :data:`MODEL_FORMAT`):
+loading it runs no code. An exported model folder is read by :mod:`model.files.model_folder`,
+and a model is rebuilt from either by :func:`model.files.loader.load_model`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from model.encoder.sentence import EncoderConfig, SentenceEncoder
-from model.files import model_folder, tensor_file
-from model.methods import registry
-from model.methods.registry import Head
-from model.methods.regrab import FewShotModel
-from model.posterior.langevin import LangevinConfig
-from model.prior.gcn import GraphPriorConfig, RelationGraph
-from model.transe.training import TRANSE_FORMAT
-from pipeline.config import parse_section
+from model.config import RegrabConfig
+from model.files import tensor_file
+from model.files.tensor_file import TRANSE_FORMAT
 from pipeline.errors import PipelineError
+
+if TYPE_CHECKING:
+    from model.methods.base import FewShotModel
+    from model.prior.gcn import GraphPrior
 
 #: Format tag of a model checkpoint (:mod:`model.files.tensor_file`); a file of another version is
 #: refused. TransE states have their own (:mod:`model.transe.training`).
@@ -40,162 +42,202 @@ LEGACY_FILES = ("model.pt", "state.pt")
 #: Format tags of those pickles, which ``regrab-models convert`` accepts.
 LEGACY_FORMATS = {"regrab-model-2": MODEL_FORMAT, 1: TRANSE_FORMAT}
 
-@dataclass(frozen=True)
-class ModelParams:
-    """``params.yaml`` section ``model``: one subsection per component."""
-
-    encoder: EncoderConfig
-    prior: GraphPriorConfig
-    langevin: LangevinConfig
-
 
 @dataclass(frozen=True)
-class RegrabConfig:
-    """Everything needed to rebuild a model: the method plus its component configs."""
+class GraphShape:
+    """What a checkpoint keeps of the relation graph: its relation ids and sizes.
 
-    method: str
-    encoder: EncoderConfig
-    prior: GraphPriorConfig
-    langevin: LangevinConfig
+    The graph's tensors are not kept apart: the prior's copies of them are trained weights
+    (buffers) of the model, in :attr:`Checkpoint.state`.
+    """
 
-    def __post_init__(self) -> None:
-        registry.check([self.method], "model config")
-
-    @property
-    def uses_graph(self) -> bool:
-        return registry.get(self.method).uses_graph
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    relations: list[str]
+    feature_dim: int
+    edges: int
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "checkpoint config") -> RegrabConfig:
-        encoder = d.get("encoder") if isinstance(d, dict) else None
-        if isinstance(encoder, dict) and "block_norm" not in encoder:
-            # Checkpoints written before block_norm existed normalised the encoding as one.
-            d = {**d, "encoder": {**encoder, "block_norm": False}}
-        return parse_section(cls, d, where)
+    def of(cls, prior: GraphPrior | None) -> GraphShape | None:
+        """The shape of the graph ``prior`` reads (None without a prior)."""
+        if prior is None:
+            return None
+        return cls(prior.relations, int(prior.features.shape[1]), int(prior.edge_index.shape[1]))
+
+    @classmethod
+    def parse(cls, relations: Any, feature_dim: Any, edges: Any, where: str
+              ) -> GraphShape | None:
+        """A graph description as stored (None when ``relations`` is None); raises one
+        line when it is malformed."""
+        if relations is None:
+            return None
+        try:
+            if not isinstance(relations, list):
+                raise TypeError
+            shape = cls([str(r) for r in relations], int(feature_dim), int(edges))
+            if shape.feature_dim < 0 or shape.edges < 0:
+                raise ValueError
+        except (TypeError, ValueError) as exc:
+            raise PipelineError(f"{where} has a malformed graph description "
+                                f"({type(exc).__name__}); retrain or re-export it") from None
+        return shape
 
 
-def config_for_method(params: ModelParams | dict[str, Any], method: str) -> RegrabConfig:
-    """The config of ``method`` from the ``model`` section (a dict is validated first).
+@dataclass(frozen=True)
+class ResumePoint:
+    """What a killed run continues from beside the weights (``state.safetensors`` only)."""
 
-    A method may fix the similarity (proto: Euclidean, mtb: dot product); everything else
-    (temperature, encoder) comes from the same section.
+    best: float
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    rng_numpy: dict[str, Any]
+    rng_torch: torch.Tensor
+    rng_noise: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A model checkpoint (the best model or the resume point of a run).
+
+    Attributes:
+        config: what the model is rebuilt from.
+        graph: what it kept of the relation graph (None for methods without one).
+        state: the trained weights (``encoder.*`` top layers, ``head.*``).
+        params: the run's fingerprint (:func:`model.training.config.fingerprint`).
+        step: the training step it was written at.
+        val_acc: validation accuracy (%) of the best model.
+        done: whether training finished (the best model is then reused by a rerun).
+        relations: the relation ids it was trained and validated on (``train``, ``val``).
+        summary: the train stage's summary, written when training finished.
+        history: loss (and validation accuracy) per step.
+        resume: optimizer, scheduler and RNG states (the resume point only).
+        encoder_files: the copy of the pre-trained encoder an exported folder carries (read
+            from a folder, never written to a file).
     """
-    if not isinstance(params, ModelParams):
-        params = parse_section(ModelParams, params, "model")
-    spec = registry.get(method)
-    langevin = params.langevin
-    if spec.similarity is not None:
-        langevin = dataclasses.replace(langevin, similarity=spec.similarity)
-    return RegrabConfig(method, params.encoder, params.prior, langevin)
+
+    config: RegrabConfig
+    graph: GraphShape | None
+    state: dict[str, torch.Tensor]
+    params: dict[str, Any] | None = None
+    step: int | None = None
+    val_acc: float | None = None
+    done: bool | None = None
+    relations: dict[str, list[str]] | None = None
+    summary: dict[str, Any] | None = None
+    history: list[dict[str, Any]] | None = None
+    resume: ResumePoint | None = None
+    encoder_files: str | None = None
+
+    @classmethod
+    def of(cls, model: FewShotModel, **fields: Any) -> Checkpoint:
+        """The checkpoint of ``model`` now, with ``fields`` (step, params...).
+
+        Only trained weights are kept; frozen layers come back from the encoder files named
+        in the config, which keeps twenty MiniLM checkpoints to a few MB each.
+        """
+        state = {k: v.detach().cpu() for k, v in model.trainable_state().items()}
+        return cls(model.config, GraphShape.of(model.prior), state, **fields)
+
+    def to_payload(self) -> dict[str, Any]:
+        """The file's data tree (the keys and their order are the file format's)."""
+        graph = self.graph
+        payload: dict[str, Any] = {
+            "config": self.config.to_dict(),
+            "graph_relations": None if graph is None else graph.relations,
+            "graph_feature_dim": None if graph is None else graph.feature_dim,
+            "graph_edges": None if graph is None else graph.edges,
+            "state": self.state,
+        }
+        resume = self.resume
+        optional = {
+            "params": self.params, "step": self.step,
+            "best": None if resume is None else resume.best,
+            "val_acc": self.val_acc, "done": self.done, "relations": self.relations,
+            "summary": self.summary, "history": self.history,
+        }
+        if resume is not None:
+            optional.update({k: getattr(resume, k) for k in (
+                "optimizer", "scheduler", "rng_numpy", "rng_torch", "rng_noise")})
+        payload.update({k: v for k, v in optional.items() if v is not None})
+        return payload
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any], where: str) -> Checkpoint:
+        """Validate a file's data tree; anything malformed raises one line naming ``where``.
+
+        A config written by an older version gets the keys added since, at the values that
+        version used (:func:`model.config.upgrade`).
+        """
+        for key in ("config", "state"):
+            if not isinstance(payload.get(key), dict):
+                raise PipelineError(f"{where} has no {key!r}; retrain it")
+        state = payload["state"]
+        if not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise PipelineError(f"{where} has weights that are not tensors; retrain it")
+        resume = None
+        if any(k in payload for k in _RESUME):
+            resume = ResumePoint(**{k: _typed(payload, k, t, where, required=True)
+                                    for k, t in _RESUME.items()})
+        return cls(
+            config=RegrabConfig.from_dict(payload["config"], f"{where} config"),
+            graph=GraphShape.parse(payload.get("graph_relations"),
+                                   payload.get("graph_feature_dim"),
+                                   payload.get("graph_edges"), where),
+            state=state,
+            resume=resume,
+            **{k: _typed(payload, k, t, where) for k, t in _OPTIONAL.items()},
+        )
 
 
-def build_head(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> Head:
-    """The head of ``config.method`` (the registry's builder)."""
-    return registry.get(config.method).build(config, graph, dim)
+#: The optional keys of a checkpoint's data tree and their types.
+_OPTIONAL: dict[str, type | tuple[type, ...]] = {
+    "params": dict, "step": int, "val_acc": (int, float), "done": bool, "relations": dict,
+    "summary": dict, "history": list,
+}
+#: The keys of a resume point, all present or none.
+_RESUME: dict[str, type | tuple[type, ...]] = {
+    "best": (int, float), "optimizer": dict, "scheduler": dict, "rng_numpy": dict,
+    "rng_torch": torch.Tensor, "rng_noise": torch.Tensor,
+}
 
 
-def build_model(config: RegrabConfig, graph: RelationGraph | None) -> FewShotModel:
-    """Instantiate encoder and head for ``config.method``."""
-    encoder = SentenceEncoder.from_config(config.encoder)
-    head = build_head(config, graph, encoder.out_dim)
-    return FewShotModel(config, encoder, head)
+def _typed(payload: dict[str, Any], key: str, types: type | tuple[type, ...], where: str,
+           required: bool = False) -> Any:
+    """``payload[key]`` when it has one of ``types`` (or is absent or None, unless
+    ``required``); else one line naming the key."""
+    value = payload.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, types):
+        got = "nothing" if value is None else type(value).__name__
+        raise PipelineError(f"{where} has {got} for {key!r}; retrain it")
+    return value
 
 
-# --- REGRAB and baseline checkpoints ----------------------------------------------------------
+def save_checkpoint(path: str | os.PathLike[str], checkpoint: Checkpoint) -> None:
+    """Write ``checkpoint`` atomically (a kill never leaves half a file)."""
+    save_payload(path, checkpoint.to_payload())
 
 
-def save_model(path: str | os.PathLike[str], model: FewShotModel, extra: dict[str, Any]) -> None:
-    """Write config, graph, trained weights and ``extra`` (step, params, optimizer, RNG...).
-
-    Only trained weights are stored; frozen layers come back from the encoder files named
-    in the config, which keeps twenty MiniLM checkpoints to a few MB each.
-    """
-    prior = model.prior
-    payload = {
-        "config": model.config.to_dict(),
-        "graph_relations": None if prior is None else prior.relations,
-        "graph_feature_dim": None if prior is None else int(prior.features.shape[1]),
-        "graph_edges": None if prior is None else int(prior.edge_index.shape[1]),
-        "state": {k: v.detach().cpu() for k, v in model.trainable_state().items()},
-        **extra,
-    }
-    save_payload(path, payload)
+def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """The checkpoint in the file ``path``; a pickle is refused with the command that
+    converts it, anything malformed with one line."""
+    return Checkpoint.from_payload(read_payload(path), f"checkpoint {path}")
 
 
 def save_payload(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
-    """Write a checkpoint payload atomically (a kill never leaves half a file).
+    """Write a checkpoint's data tree as it is (tools that convert files, tests that write old
+    or hostile ones); code saves a :class:`Checkpoint` (:func:`save_checkpoint`).
 
-    The file is safetensors plus JSON (:mod:`model.files.tensor_file`): loading it runs no code.
-    Its format tag lives in the file's header, not in the payload.
+    The format tag lives in the file's header, not in the tree.
     """
     tensor_file.save(path, payload, MODEL_FORMAT)
 
 
 def read_payload(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The raw payload of a model checkpoint (config, params, weights, summary...).
-
-    A model folder made by ``regrab-models export`` is read too (its ``config.json`` and
-    weights); a pickle is refused with the command that converts it.
-    """
-    path = Path(path)
-    if path.is_dir():
-        return model_folder.read(path)
-    _, payload = tensor_file.load(path, MODEL_FORMAT, "checkpoint",
+    """A checkpoint file's data tree as it is, unchecked (see :func:`save_payload`); code
+    reads a :class:`Checkpoint` (:func:`read_checkpoint`)."""
+    _, payload = tensor_file.load(Path(path), MODEL_FORMAT, "checkpoint",
                                   "run the train stage to make it")
-    for key in ("config", "state"):
-        if not isinstance(payload.get(key), dict):
-            raise PipelineError(f"checkpoint {path} has no {key!r}; retrain it")
     return payload
-
-
-def load_model(
-    path: str | os.PathLike[str], device: str | torch.device = "cpu"
-) -> tuple[FewShotModel, dict[str, Any]]:
-    """Rebuild a model from a checkpoint file or model folder alone (no params.yaml, no graph
-    files)."""
-    payload = read_payload(path)
-    raw = payload["config"]
-    if isinstance(raw, dict) and isinstance(raw.get("prior"), dict) and "text" not in raw["prior"]:
-        # Written before model.prior.text existed: the prior read the graph only.
-        raw = {**raw, "prior": {**raw["prior"], "text": False}}
-    if (isinstance(raw, dict) and isinstance(raw.get("langevin"), dict)
-            and "eval_samples" not in raw["langevin"]):
-        # Written before model.langevin.eval_samples existed: evaluation drew ``samples``.
-        raw = {**raw, "langevin": {**raw["langevin"], "eval_samples": 0}}
-    config = RegrabConfig.from_dict(raw, f"checkpoint {path} config")
-    if payload.get("encoder_files"):
-        # An exported folder carries its own copy of the pre-trained encoder.
-        config = dataclasses.replace(
-            config, encoder=dataclasses.replace(config.encoder, name=payload["encoder_files"]))
-    graph = None
-    if payload.get("graph_relations") is not None:
-        try:
-            n, f = len(payload["graph_relations"]), int(payload["graph_feature_dim"])
-            e = int(payload["graph_edges"])
-            graph = RelationGraph(
-                [str(r) for r in payload["graph_relations"]],
-                torch.zeros(n, f),
-                torch.zeros(2, e, dtype=torch.long),
-                torch.zeros(e),
-            )
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise PipelineError(f"checkpoint {path} has a malformed graph description "
-                                f"({type(exc).__name__}); retrain or re-export it") from None
-    model = build_model(config, graph)
-    state = payload["state"]
-    if not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise PipelineError(f"checkpoint {path} has weights that are not tensors; retrain it")
-    enc_state = {k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")}
-    head_state = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
-    missing = set(model.encoder.trainable_state()) - set(enc_state)
-    if missing:
-        raise PipelineError(f"checkpoint {path} lacks encoder weights {sorted(missing)[:3]}")
-    model.encoder.load_state_dict(enc_state, strict=False)
-    model.head.load_state_dict(head_state, strict=True)
-    return model.to(device), payload
 
 
 def model_file(folder: Path) -> Path:

@@ -18,13 +18,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from model.config import RegrabConfig
 from model.encoder.files import quiet_transformers, resolve_encoder_path
 from model.files import tensor_file
+from model.files.checkpoint import Checkpoint, GraphShape
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_dir
+from pipeline.io import atomic_dir, atomic_entries
 
 #: ``config.json``'s format tag.
 FOLDER_FORMAT = "regrab-model-folder-1"
+#: Everything :func:`export` writes in a folder; ``--force`` replaces these and no others.
+OWN_ENTRIES = ("config.json", "model.safetensors", "README.md", "encoder")
 #: What the error messages tell a user to do with a folder that is not usable.
 FIX = "export it again with `regrab-models export`"
 #: The largest ``config.json`` read (a real one is a few kB; a graph of every Wikidata
@@ -38,8 +42,8 @@ DATA_LICENCES = {
 }
 
 
-def read(folder: Path) -> dict[str, Any]:
-    """A model folder as the payload :func:`model.files.checkpoint.load_model` reads."""
+def read(folder: Path) -> Checkpoint:
+    """A model folder as the checkpoint it was exported from, and its encoder copy."""
     cfg_path, weights = folder / "config.json", folder / "model.safetensors"
     if not cfg_path.is_file():
         raise PipelineError(f"model folder {folder} has no config.json; {FIX}")
@@ -61,16 +65,16 @@ def read(folder: Path) -> dict[str, Any]:
     state = tensor_file.load_tensors(weights, f"model folder {folder} weights", FIX)
     graph = meta["graph"]
     encoder_dir = folder / "encoder"
-    return {
-        "config": meta["config"],
-        "graph_relations": graph.get("relations"),
-        "graph_feature_dim": graph.get("feature_dim"),
-        "graph_edges": graph.get("edges"),
-        "state": state,
-        "encoder_files": str(encoder_dir) if (encoder_dir / "config.json").is_file() else None,
-        **{k: meta.get(k) for k in ("params", "step", "val_acc", "summary", "relations",
-                                     "labels", "metrics")},
-    }
+    where = f"model folder {folder}"
+    return Checkpoint(
+        config=RegrabConfig.from_dict(meta["config"], f"{where} config"),
+        graph=GraphShape.parse(graph.get("relations"), graph.get("feature_dim"),
+                               graph.get("edges"), where),
+        state=state,
+        params=meta.get("params"), step=meta.get("step"), val_acc=meta.get("val_acc"),
+        summary=meta.get("summary"), relations=meta.get("relations"),
+        encoder_files=str(encoder_dir) if (encoder_dir / "config.json").is_file() else None,
+    )
 
 
 def relation_labels(relations_path: Path | None, ids: list[str]) -> dict[str, str]:
@@ -105,48 +109,87 @@ def split_metrics(report: Path | None, split: str, method: str) -> dict[str, Any
     return out
 
 
-def export(payload: dict[str, Any], checkpoint: Path, out: Path,
+def check_out(out: Path, force: bool = False) -> bool:
+    """Whether ``out`` may be replaced whole; stop when writing it would lose others' files.
+
+    A missing or empty folder, or one that :func:`export` wrote (its ``config.json`` has
+    :data:`FOLDER_FORMAT` and nothing but :data:`OWN_ENTRIES` is in it), is replaced whole.
+    Any other folder is refused, or with ``force`` kept, with only :data:`OWN_ENTRIES`
+    replaced (returns False).
+    """
+    if out.exists() and not out.is_dir():
+        raise PipelineError(f"--out {out} is a file; give the path of a folder to write")
+    others = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not others:
+        return True
+    cfg = out / "config.json"
+    try:
+        ours = (cfg.is_file() and cfg.stat().st_size <= MAX_CONFIG_BYTES
+                and json.loads(cfg.read_text(encoding="utf-8")).get("format") == FOLDER_FORMAT)
+    except (ValueError, RecursionError, UnicodeDecodeError, AttributeError, OSError):
+        ours = False
+    strangers = others if not ours else [n for n in others if n not in OWN_ENTRIES]
+    if not strangers:
+        return True
+    if not force:
+        shown = ", ".join(map(repr, strangers[:3])) + (" ..." if len(strangers) > 3 else "")
+        raise PipelineError(
+            f"--out {out} is not a model folder that regrab-models export wrote (it holds "
+            f"{shown}); give a new or empty folder, or add --force to replace only "
+            f"{', '.join(OWN_ENTRIES)} there and keep the rest")
+    return False
+
+
+def export(model: Checkpoint, checkpoint: Path, out: Path,
            relations_path: Path | None = None, report: Path | None = None,
-           benchmark: str | None = None, with_encoder: bool = True) -> Path:
-    """Write a train-stage checkpoint as a model folder ``out``.
+           benchmark: str | None = None, with_encoder: bool = True,
+           force: bool = False) -> Path:
+    """Write a train-stage checkpoint as a model folder ``out``, atomically.
+
+    ``out`` as :func:`check_out` allows it: replaced whole, or (``force``, a folder holding
+    others' files) only its :data:`OWN_ENTRIES` replaced.
 
     Args:
-        payload: the checkpoint as :func:`model.files.checkpoint.read_payload` reads it.
+        model: the checkpoint as :func:`model.files.loader.read` reads it.
         checkpoint: where it was read from (names its split when the summary does not).
         relations_path: the relations table, for the labels of the graph's relations.
         report: ``metrics/<benchmark>_report.json``, for the card's test accuracies.
         benchmark: the benchmark the model was trained for (named in the card).
         with_encoder: copy the pre-trained encoder into the folder (otherwise loading needs
             the encoder named in the config installed, e.g. ``minilm``).
+        force: write into a folder that holds others' files too (see :func:`check_out`).
     """
-    config = payload["config"]
-    graph_rel = payload.get("graph_relations")
-    summary = payload.get("summary") or {}
+    whole = check_out(out, force)
+    config = model.config.to_dict()
+    graph = model.graph
+    graph_rel = None if graph is None else graph.relations
+    summary = model.summary or {}
     split = summary.get("split") or checkpoint.parent.parent.name
-    method = config.get("method")
+    method = model.config.method
     labels = relation_labels(relations_path, list(graph_rel or []))
-    seen = payload.get("relations") or {}
+    seen = model.relations or {}
     meta = {
         "format": FOLDER_FORMAT,
         "config": config,
-        "graph": {"relations": graph_rel, "feature_dim": payload.get("graph_feature_dim"),
-                  "edges": payload.get("graph_edges")},
+        "graph": {"relations": graph_rel,
+                  "feature_dim": None if graph is None else graph.feature_dim,
+                  "edges": None if graph is None else graph.edges},
         "labels": labels,
         "relations": seen,
-        "params": payload.get("params"),
-        "step": payload.get("step"),
-        "val_acc": payload.get("val_acc"),
+        "params": model.params,
+        "step": model.step,
+        "val_acc": model.val_acc,
         "summary": summary,
         "benchmark": benchmark,
         "metrics": split_metrics(report, split, method),
     }
-    with atomic_dir(out) as tmp:
-        tensor_file.save_tensors(tmp / "model.safetensors", payload["state"])
+    with atomic_dir(out) if whole else atomic_entries(out, OWN_ENTRIES) as tmp:
+        tensor_file.save_tensors(tmp / "model.safetensors", model.state)
         (tmp / "config.json").write_text(json.dumps(meta, indent=1) + "\n")
         if with_encoder:
             from transformers import AutoModel, AutoTokenizer
 
-            path = resolve_encoder_path(str(config["encoder"]["name"]))
+            path = resolve_encoder_path(model.config.encoder.name)
             with quiet_transformers():
                 AutoTokenizer.from_pretrained(path).save_pretrained(tmp / "encoder")
                 AutoModel.from_pretrained(path, add_pooling_layer=False).save_pretrained(

@@ -51,15 +51,19 @@ Shapes:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from model.methods.proto import require_shots
+from model.methods.base import SampledPrototypeHead, gaussian_samples, require_shots
 from model.methods.registry import Method
-from model.methods.versa import SampledPrototypeHead, gaussian_samples
 from model.posterior.langevin import LangevinConfig
 from model.posterior.logits import prototype_logits
+
+if TYPE_CHECKING:
+    from model.config import RegrabConfig
+    from model.prior.graph import RelationGraph
 
 #: Starting per-dimension scale sigma of the particles around the support means.
 INIT_STD = 0.1
@@ -128,7 +132,7 @@ class BmamlHead(SampledPrototypeHead):
 
         ``1/T sum_s (1[y_s = n] - p_sn) d sim(x_s, v_n)/d v_n - lambda v_n``, with
         ``d sim/d v = x`` (dot) or ``x - v`` (Euclidean): the ``softmax`` gradient of
-        :func:`model.posterior.langevin.log_posterior_grad` at h = 0, in products that do not copy
+        :func:`model.posterior.target.log_posterior_grad` at h = 0, in products that do not copy
         the support once per particle.
 
         Shapes:
@@ -172,7 +176,7 @@ class BmamlHead(SampledPrototypeHead):
     sample_prototypes = particles
 
 
-def _bmaml(config, graph, dim: int) -> BmamlHead:
+def _bmaml(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> BmamlHead:
     return BmamlHead(config.langevin, dim)
 
 

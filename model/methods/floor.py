@@ -18,7 +18,7 @@ import torch
 from torch.nn import functional
 
 from model.encoder.sentence import EncoderConfig, SentenceEncoder
-from model.methods.proto import PrototypeHead
+from model.methods.base import PrototypeHead
 
 
 class CosinePrototypeHead(PrototypeHead):

@@ -50,36 +50,19 @@ Shapes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from model.methods.proto import PriorFreeHead, episode_chunks, require_shots
+from model.config import GNNConfig, RegrabConfig
+from model.methods.base import PriorFreeHead, episode_chunks, require_shots
 from model.methods.registry import Method
+from pipeline.errors import PipelineError
 
-
-@dataclass(frozen=True)
-class GNNConfig:
-    """Sizes of the few-shot GNN. They are defaults here until ``params.yaml`` has a section
-    for them; a checkpoint is rebuilt with these values.
-
-    Attributes:
-        width: node features after projecting the D-dimensional encoding.
-        growth: features each hidden graph convolution adds (dense concatenation).
-        layers: hidden graph convolutions before the output one.
-        metric_hidden: width of P and of the hidden layer of each adjacency MLP.
-        chunk_pairs: at most this many (node, neighbour) pairs per forward pass. Larger
-            batches of episodes are split into chunks, which is exact because episodes are
-            independent. This bounds evaluation memory.
-    """
-
-    width: int = 128
-    growth: int = 64
-    layers: int = 2
-    metric_hidden: int = 16
-    chunk_pairs: int = 1 << 20
+if TYPE_CHECKING:
+    from model.prior.graph import RelationGraph
 
 
 #: The label features of a node: "belongs to the candidate way" and "is labelled".
@@ -202,11 +185,13 @@ class GNNHead(PriorFreeHead):
         return episode_chunks(self.scores, support, query, self.config.chunk_pairs // per_episode)
 
 
-def _gnn(config, graph, dim: int) -> GNNHead:
-    return GNNHead(GNNConfig(), dim)
+def _gnn(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> GNNHead:
+    if config.gnn is None:
+        raise PipelineError("method gnn is built from model.heads.gnn; its config has none")
+    return GNNHead(config.gnn, dim)
 
 
 METHODS = (
     Method("gnn", _gnn, "few-shot GNN over support and query nodes with a learned adjacency "
-           "(Garcia & Bruna)", seed=8),
+           "(Garcia & Bruna)", seed=8, sizes="gnn"),
 )

@@ -62,13 +62,18 @@ Shapes:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.func import grad
 
-from model.methods.proto import PriorFreeHead, require_shots
+from model.methods.base import PriorFreeHead, require_shots
 from model.methods.registry import Method
+
+if TYPE_CHECKING:
+    from model.config import RegrabConfig
+    from model.prior.graph import RelationGraph
 
 #: Gradient steps on the support set per episode (training and evaluation alike).
 INNER_STEPS = 5
@@ -182,7 +187,7 @@ class MamlHead(PriorFreeHead):
         return linear_logits(query, w, b, self.temperature)[:, None]
 
 
-def _maml(config, graph, dim: int) -> MamlHead:
+def _maml(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> MamlHead:
     return MamlHead(config.langevin.temperature, dim)
 
 

@@ -59,41 +59,19 @@ Shapes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from model.methods.proto import PriorFreeHead, episode_chunks, require_shots
+from model.config import PairConfig, RegrabConfig
+from model.methods.base import PriorFreeHead, episode_chunks, require_shots
 from model.methods.registry import Method
+from pipeline.errors import PipelineError
 
-
-@dataclass(frozen=True)
-class PairConfig:
-    """Sizes of the pair head. They are defaults here until ``params.yaml`` has a section for
-    them; a checkpoint is rebuilt with these values.
-
-    Attributes:
-        blocks: readout blocks of the encoding, one token each (4 for ``markers_mean``);
-            1 is used when D is not a multiple of it.
-        width: token width of the pair encoder.
-        heads: attention heads of each layer.
-        layers: transformer encoder layers over a pair's tokens.
-        ff: hidden width of each layer's feed-forward.
-        dropout: dropout of each layer (attention weights, residual branches, feed-forward).
-        chunk_pairs: at most this many (query, support) pairs per forward pass. Larger
-            batches of episodes are split into chunks, which is exact because episodes are
-            independent. This bounds evaluation memory.
-    """
-
-    blocks: int = 4
-    width: int = 128
-    heads: int = 4
-    layers: int = 1
-    ff: int = 256
-    dropout: float = 0.1
-    chunk_pairs: int = 1 << 14
+if TYPE_CHECKING:
+    from model.prior.graph import RelationGraph
 
 
 #: Segment (token type) ids, as BERT's: the query is the first sentence of a pair.
@@ -211,11 +189,14 @@ class PairHead(PriorFreeHead):
         return episode_chunks(self.scores, support, query, self.config.chunk_pairs // per_episode)
 
 
-def _pair(config, graph, dim: int) -> PairHead:
-    return PairHead(PairConfig(), dim)
+def _pair(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> PairHead:
+    if config.pair is None:
+        raise PipelineError("method pair is built from model.heads.pair; its config has none")
+    return PairHead(config.pair, dim)
 
 
 METHODS = (
     Method("pair", _pair, "query-support pairs encoded jointly at the readout level, the "
-           "same-relation logit averaged over shots (BERT-PAIR, Gao et al.)", seed=10),
+           "same-relation logit averaged over shots (BERT-PAIR, Gao et al.)", seed=10,
+           sizes="pair"),
 )

@@ -26,14 +26,20 @@ Shapes:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from model.methods.proto import PredictiveHead
+from model.methods.base import PredictiveHead
 from model.methods.registry import Method
 from model.posterior.logits import similarity_logits
-from model.prior.gcn import GraphPrior, GraphPriorConfig, RelationGraph
+from model.prior.gcn import GraphPrior, GraphPriorConfig
+from model.prior.graph import RelationGraph
 from pipeline.errors import PipelineError
+
+if TYPE_CHECKING:
+    from model.config import RegrabConfig
 
 
 class LabelPrior(GraphPrior):
@@ -136,7 +142,8 @@ class ProtoLabelHead(PredictiveHead):
         return similarity_logits(query, v, self.similarity, self.temperature)[:, None]
 
 
-def _proto_label(config, graph: RelationGraph | None, dim: int) -> ProtoLabelHead:
+def _proto_label(config: RegrabConfig, graph: RelationGraph | None, dim: int
+                 ) -> ProtoLabelHead:
     if graph is None:
         raise PipelineError("method proto_label reads the relation labels listed with the "
                             "graph; pass --graph, --features and --relations")

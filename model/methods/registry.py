@@ -1,11 +1,13 @@
-"""Every few-shot method by name, and the interface their heads share.
+"""Every few-shot method by name, and building a method's config and model.
 
-A method is a :class:`Method`: a name, a builder for its head, and what it needs (the
-relation graph, a similarity). The params schemas, the trainer, the checkpoint loader,
-``evaluate``, ``regrab-score`` and the reports read this registry rather than lists of their
-own. Adding a method is one module that defines ``METHODS = (Method(...), ...)`` plus one
-line in :data:`MODULES` (README, "Add a method"); a test or plug-in may also call
-:func:`register` directly.
+A method is a :class:`Method`: a name, a builder for its head (a
+:class:`~model.methods.base.Head`), and what it needs (the relation graph, a similarity,
+its head's sizes). The params schemas, the trainer, the checkpoint loader, ``evaluate``,
+``regrab-score`` and the reports read this registry rather than lists of their own; models
+are built here (:func:`config_for_method`, :func:`build_model`), so no config or checkpoint
+code has to know a method. Adding a method is one module that defines
+``METHODS = (Method(...), ...)`` plus one line in :data:`MODULES` (docs/model.md#add-a-method);
+a test or plug-in may also call :func:`register` directly.
 
 A method's training seed is its own (:attr:`Method.seed_stream`), so adding, removing or
 reordering methods, here or in ``params.yaml``, never changes another method's models.
@@ -13,19 +15,21 @@ reordering methods, here or in ``params.yaml``, never changes another method's m
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
+from model.config import ModelParams, RegrabConfig
+from model.encoder.sentence import SentenceEncoder
+from model.methods.base import FewShotModel, Head
+from pipeline.config import parse_section
 from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
-    from model.files.checkpoint import RegrabConfig
-    from model.prior.gcn import GraphPrior, RelationGraph
+    from model.prior.graph import RelationGraph
 
 #: The modules whose ``METHODS`` make up the registry, in registry order.
 MODULES = (
@@ -41,46 +45,6 @@ MODULES = (
 )
 
 
-@runtime_checkable
-class Head(Protocol):
-    """What training, evaluation and prediction ask of a method's head.
-
-    Shapes:
-        support (B, N, K, D), query (B, Q, D), h (B, N, D) or None, rows (B, N).
-    """
-
-    #: The graph prior (None for methods without one).
-    prior: GraphPrior | None
-    #: Whether one way's prototype depends on other ways' support (then unequal K cannot be
-    #: split into groups of equal K at prediction time).
-    couples_ways: bool
-
-    def prior_states(self) -> torch.Tensor | None:
-        """Prior means of every graph relation, computed once per evaluation (or None)."""
-
-    def prior_means(self, states: torch.Tensor | None, rows: torch.Tensor,
-                    text: torch.Tensor | None = None) -> torch.Tensor | None:
-        """h_r for the ways of each episode (None for methods without a prior)."""
-
-    def sample_logits(self, support: torch.Tensor, query: torch.Tensor,
-                      h: torch.Tensor | None, generator: torch.Generator | None = None
-                      ) -> torch.Tensor:
-        """Query logits under each posterior sample: (B, S, Q, N), S = 1 if deterministic."""
-
-    def log_predictive(self, support: torch.Tensor, query: torch.Tensor,
-                       h: torch.Tensor | None, generator: torch.Generator | None = None
-                       ) -> torch.Tensor:
-        """``log p(y_q = n | ...)``: (B, Q, N)."""
-
-    def evidence(self, x: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor | None:
-        """Log marginal likelihood of labelled sentences per way, (B, N), for the
-        empirical-Bayes training term; None when the method has no such term."""
-
-    def fit_heldout(self, groups: list[torch.Tensor], h: torch.Tensor) -> tuple | None:
-        """Re-estimate scales from held-out relations' encodings (one (n_r, D) tensor per
-        relation, h (R, D)); the new values, or None when the method has none to fit."""
-
-
 @dataclass(frozen=True)
 class Method:
     """One few-shot method.
@@ -93,6 +57,8 @@ class Method:
         zero_shot: it can classify with no support sentences (K = 0).
         similarity: overrides ``model.langevin.similarity`` (None: keep it).
         seed: the method's own random stream for training (see :attr:`seed_stream`).
+        sizes: the ``model.heads`` entry its head is built from, copied into its config
+            (None: it reads none).
     """
 
     name: str
@@ -102,6 +68,7 @@ class Method:
     zero_shot: bool = False
     similarity: str | None = None
     seed: int | None = None
+    sizes: Literal["gnn", "snail", "pair"] | None = None
 
     @property
     def seed_stream(self) -> int:
@@ -161,3 +128,35 @@ def check(names_: tuple[str, ...] | list[str], where: str) -> None:
     if unknown:
         raise ValueError(f"{where} has unknown method(s) {unknown}; use some of "
                          f"{list(_REGISTRY)}")
+
+
+def config_for_method(params: ModelParams | dict[str, Any], method: str) -> RegrabConfig:
+    """The config of ``method`` from the ``model`` section (a dict is validated first).
+
+    A method may fix the similarity (proto: Euclidean, mtb: dot product) and reads its own
+    head's sizes, if any; everything else (temperature, encoder) comes from the same section.
+    """
+    if not isinstance(params, ModelParams):
+        params = parse_section(ModelParams, params, "model")
+    spec = get(method)
+    langevin = params.langevin
+    if spec.similarity is not None:
+        langevin = dataclasses.replace(langevin, similarity=spec.similarity)
+    config = RegrabConfig(method, params.encoder, params.prior, langevin)
+    if spec.sizes is not None:
+        config = dataclasses.replace(config, **{spec.sizes: getattr(params.heads, spec.sizes)})
+    return config
+
+
+def build_head(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> Head:
+    """The head of ``config.method``; ``graph`` reaches only a method that uses it."""
+    spec = get(config.method)
+    return spec.build(config, graph if spec.uses_graph else None, dim)
+
+
+def build_model(config: RegrabConfig, graph: RelationGraph | None) -> FewShotModel:
+    """Instantiate encoder and head for ``config.method`` (an unknown method is refused)."""
+    get(config.method)  # before the encoder is loaded
+    encoder = SentenceEncoder.from_config(config.encoder)
+    head = build_head(config, graph, encoder.out_dim)
+    return FewShotModel(config, encoder, head)

@@ -18,32 +18,21 @@ Shapes:
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from model.encoder.sentence import SentenceEncoder
-from model.methods.registry import Head, Method
-from model.posterior.langevin import (
-    LangevinConfig,
-    LangevinSampler,
-    heldout_scales,
-    log_evidence,
-)
+from model.methods.base import mc_log_predictive
+from model.methods.registry import Method
+from model.posterior.langevin import LangevinConfig, LangevinSampler
+from model.posterior.target import heldout_scales, log_evidence
 from model.prior.gcn import GraphPrior
+from model.prior.graph import RelationGraph
 from pipeline.errors import PipelineError
 
-
-def mc_log_predictive(logits: torch.Tensor) -> torch.Tensor:
-    """``log (1/S) sum_s softmax(logits_s)`` computed stably with logsumexp.
-
-    Shapes:
-        logits: (B, S, Q, N) -> (B, Q, N)
-    """
-    log_p = torch.log_softmax(logits, dim=-1)  # (B, S, Q, N)
-    return torch.logsumexp(log_p, dim=1) - math.log(logits.shape[1])
+if TYPE_CHECKING:
+    from model.config import RegrabConfig
 
 
 class RegrabHead(nn.Module):
@@ -150,43 +139,19 @@ class RegrabHead(nn.Module):
         return mc_log_predictive(self.sample_logits(support, query, h, generator))
 
 
-class FewShotModel(nn.Module):
-    """Encoder + head; the head is REGRAB or a baseline (see :mod:`model.methods.proto`)."""
-
-    def __init__(self, config: Any, encoder: SentenceEncoder, head: Head) -> None:
-        """``config`` is the :class:`model.files.checkpoint.RegrabConfig` the model was built
-        from."""
-        super().__init__()
-        self.config = config
-        self.encoder = encoder
-        self.head = head
-
-    @property
-    def prior(self) -> GraphPrior | None:
-        return self.head.prior
-
-    def rows(self, relations: list[str]) -> torch.Tensor:
-        """Graph rows of relation ids (all -1 without a graph)."""
-        if self.prior is None:
-            return torch.full((len(relations),), -1, dtype=torch.long)
-        return self.prior.index(relations)
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        """Weights a checkpoint must store: trained encoder layers and the whole head."""
-        state = {f"encoder.{k}": v for k, v in self.encoder.trainable_state().items()}
-        state.update({f"head.{k}": v for k, v in self.head.state_dict().items()})
-        return state
-
-
-def _regrab(config, graph, dim: int) -> RegrabHead:
+def _regrab(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> RegrabHead:
     if graph is None:
         raise PipelineError("method regrab needs the relation graph; pass --graph and --features")
     return RegrabHead(config.langevin, GraphPrior(config.prior, graph, dim), dim)
 
 
+def _regrab_no_prior(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> RegrabHead:
+    return RegrabHead(config.langevin, None, dim)
+
+
 METHODS = (
     Method("regrab", _regrab, "prototypes with the graph (and label) prior, Langevin "
            "posterior samples (ours)", uses_graph=True, zero_shot=True, seed=0),
-    Method("regrab_no_prior", lambda config, graph, dim: RegrabHead(config.langevin, None, dim),
+    Method("regrab_no_prior", _regrab_no_prior,
            "REGRAB with h_r = 0: the posterior without the graph prior (ablation)", seed=1),
 )

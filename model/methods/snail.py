@@ -48,36 +48,19 @@ Shapes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from model.methods.proto import PriorFreeHead, episode_chunks, require_shots
+from model.config import RegrabConfig, SnailConfig
+from model.methods.base import PriorFreeHead, episode_chunks, require_shots
 from model.methods.registry import Method
+from pipeline.errors import PipelineError
 
-
-@dataclass(frozen=True)
-class SnailConfig:
-    """Sizes of the SNAIL head. They are defaults here until ``params.yaml`` has a section
-    for them; a checkpoint is rebuilt with these values.
-
-    Attributes:
-        width: features after projecting the D-dimensional encoding.
-        filters: features each dense block adds.
-        dilations: the dense blocks of one TC block.
-        attention: (key size, value size) of the three attention blocks.
-        chunk_positions: at most this many sequence positions per forward pass. Larger
-            batches of episodes are split into chunks, which is exact because episodes are
-            independent. This bounds evaluation memory.
-    """
-
-    width: int = 128
-    filters: int = 16
-    dilations: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    attention: tuple[tuple[int, int], ...] = ((32, 16), (64, 32), (128, 64))
-    chunk_positions: int = 1 << 16
+if TYPE_CHECKING:
+    from model.prior.graph import RelationGraph
 
 
 #: The label features of a position: "belongs to the candidate way" and "is labelled".
@@ -228,11 +211,13 @@ class SnailHead(PriorFreeHead):
         return self.out(x)[..., 0].reshape(b, n, -1).transpose(1, 2)  # (B, Q, N)
 
 
-def _snail(config, graph, dim: int) -> SnailHead:
-    return SnailHead(SnailConfig(), dim)
+def _snail(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> SnailHead:
+    if config.snail is None:
+        raise PipelineError("method snail is built from model.heads.snail; its config has none")
+    return SnailHead(config.snail, dim)
 
 
 METHODS = (
     Method("snail", _snail, "causal attention and temporal convolutions over the labelled "
-           "supports, then the query (Mishra et al.)", seed=9),
+           "supports, then the query (Mishra et al.)", seed=9, sizes="snail"),
 )

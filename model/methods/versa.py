@@ -43,14 +43,18 @@ Shapes:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from model.methods.proto import PriorFreeHead, require_shots
+from model.methods.base import SampledPrototypeHead, gaussian_samples, require_shots
 from model.methods.registry import Method
 from model.posterior.langevin import LangevinConfig
-from model.posterior.logits import prototype_logits
+
+if TYPE_CHECKING:
+    from model.config import RegrabConfig
+    from model.prior.graph import RelationGraph
 
 #: Width of the amortisation network's hidden layers.
 HIDDEN = 128
@@ -66,53 +70,6 @@ def gaussian_kl_to_standard_normal(mean: torch.Tensor, log_var: torch.Tensor) ->
         mean, log_var: (..., D) -> (...)
     """
     return 0.5 * (log_var.exp() + mean * mean - 1.0 - log_var).sum(-1)
-
-
-def gaussian_samples(mean: torch.Tensor, std: torch.Tensor, samples: int,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
-    """``mean + std * z`` for ``samples`` draws ``z ~ N(0, I)`` (reparameterised).
-
-    Shapes:
-        mean: (B, N, D), std: broadcast to (B, S, N, D) -> (B, S, N, D), S = ``samples``
-    """
-    b, n, d = mean.shape
-    z = torch.randn((b, samples, n, d), generator=generator,
-                    device=mean.device, dtype=mean.dtype)  # (B, S, N, D)
-    return torch.addcmul(mean[:, None], std, z)
-
-
-class SampledPrototypeHead(PriorFreeHead):
-    """Prototype samples drawn from the support by :meth:`sample_prototypes`, each compared
-    to the queries with the project's similarity and temperature (``model.langevin``); the
-    predictive averages over the samples. Shared by Versa and BMAML."""
-
-    def __init__(self, config: LangevinConfig) -> None:
-        super().__init__()
-        self.config = config
-
-    def noisy(self) -> bool:
-        """Whether to sample (``noise_train``/``noise_eval``); else one point estimate."""
-        return self.config.noise_train if self.training else self.config.noise_eval
-
-    def sample_prototypes(self, support: torch.Tensor,
-                          generator: torch.Generator | None = None) -> torch.Tensor:
-        """S prototype samples per way.
-
-        Shapes:
-            support: (B, N, K, D) -> (B, S, N, D)
-        """
-        raise NotImplementedError
-
-    def sample_logits(self, support: torch.Tensor, query: torch.Tensor,
-                      h: torch.Tensor | None = None, generator: torch.Generator | None = None
-                      ) -> torch.Tensor:
-        """Query logits under every prototype sample.
-
-        Shapes:
-            support: (B, N, K, D), query: (B, Q, D) -> (B, S, Q, N)
-        """
-        v = self.sample_prototypes(support, generator)  # (B, S, N, D)
-        return prototype_logits(query, v, self.config.similarity, self.config.temperature)
 
 
 def _mlp(inputs: int, hidden: int, outputs: int, last_bias: float) -> nn.Sequential:
@@ -169,7 +126,7 @@ class VersaHead(SampledPrototypeHead):
                                 self.config.draws(self.training), generator)
 
 
-def _versa(config, graph, dim: int) -> VersaHead:
+def _versa(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> VersaHead:
     return VersaHead(config.langevin, dim)
 
 

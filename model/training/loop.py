@@ -13,11 +13,9 @@ Shapes: see :mod:`model` (B episodes, N ways, K shots, Q queries, D encoding siz
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +23,23 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from model.config import RegrabConfig
 from model.encoder.frozen_cache import LowerCache, encode_all, encode_rows
-from model.encoder.sentence import TokenizedSet
+from model.encoder.tokens import TokenizedSet
 from model.episodes import EpisodeSampler, Setting, episode_accuracy, gather_episodes
 from model.files.checkpoint import (
     MODEL_FILE,
     STATE_FILE,
-    ModelParams,
-    build_model,
-    config_for_method,
-    read_payload,
-    save_model,
+    Checkpoint,
+    read_checkpoint,
+    save_checkpoint,
 )
 from model.methods import registry
-from model.methods.regrab import FewShotModel
-from model.prior.gcn import LabelText, RelationGraph
+from model.methods.base import FewShotModel
+from model.prior.graph import RelationGraph
+from model.prior.labels import LabelText
 from model.training.config import TrainConfig
-from model.training.state import save_state
+from model.training.state import Run, save_state
 from pipeline.errors import PipelineError
 from pipeline.io import read_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
@@ -64,33 +62,6 @@ class TokenCache:
                 raise PipelineError(f"{path} has no sentences; rebuild the splits")
             self._sets[key] = (model.encoder.tokenize(table), table.column("relation").to_pylist())
         return self._sets[key]
-
-
-@dataclass
-class Run:
-    """Everything one training run carries from step to step."""
-
-    model: FewShotModel
-    method: str
-    name: str
-    sched: TrainConfig
-    train_tok: TokenizedSet
-    val_tok: TokenizedSet
-    train_s: EpisodeSampler
-    val_s: EpisodeSampler
-    ways: list[int]
-    train_rows: torch.Tensor
-    cache: LowerCache | None
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    rng: np.random.Generator
-    noise: torch.Generator
-    val_seed: int
-    step: int = 0
-    best: float = -1.0
-    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    labels: LabelText | None = None
-    pretrained: dict[str, torch.Tensor] | None = None  # trainable encoder weights at the start
 
 
 @contextlib.contextmanager
@@ -165,14 +136,13 @@ def frozen_states(model: FewShotModel, split_dir: Path, sched: TrainConfig, toke
     return None
 
 
-def prepare(split_dir: Path, method: str, model_params: ModelParams, sched: TrainConfig,
+def prepare(split_dir: Path, method: str, model_cfg: RegrabConfig, sched: TrainConfig,
             graph: RelationGraph | None, device: str, tokens: TokenCache,
             lower_cache: LowerCache, seed: int, seed_key: tuple[int, ...]) -> Run:
     """Build the model, samplers, optimizer and RNGs of a fresh run, checking the split."""
     seeds = np.random.SeedSequence([seed, *seed_key]).generate_state(3)
     torch.manual_seed(int(seeds[0]))
-    model_cfg = config_for_method(model_params, method)
-    model = build_model(model_cfg, graph if model_cfg.uses_graph else None).to(device)
+    model = registry.build_model(model_cfg, graph).to(device)
     train_tok, train_rel = tokens.get(model, split_dir / "train.parquet")
     val_tok, val_rel = tokens.get(model, split_dir / "val.parquet")
     train_s = EpisodeSampler(train_rel, f"{split_dir.name} training split")
@@ -334,9 +304,9 @@ def train(run: Run, out_dir: Path, params: dict[str, Any], live: Any = None,
                     run.best = acc
                     # The relations it saw, so scoring on other data can flag overlaps.
                     seen = {"train": run.train_s.relations, "val": run.val_s.relations}
-                    save_model(best_path, run.model, {"params": params, "step": run.step,
-                                                      "val_acc": acc, "done": False,
-                                                      "relations": seen})
+                    save_checkpoint(best_path, Checkpoint.of(
+                        run.model, params=params, step=run.step, val_acc=acc, done=False,
+                        relations=seen))
         if live is not None:
             live.next_step()
         if run.step % sched.checkpoint_every == 0 or run.step == sched.steps:
@@ -347,6 +317,6 @@ def train(run: Run, out_dir: Path, params: dict[str, Any], live: Any = None,
     bar.close()
     if live is not None:
         live.end()
-    return {"best_step": read_payload(best_path)["step"],
+    return {"best_step": read_checkpoint(best_path).step,
             "seconds": round(time.perf_counter() - t0, 1),
             "final_loss": float(np.mean([h["loss"] for h in run.history[-20:]]))}

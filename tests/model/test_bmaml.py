@@ -8,9 +8,8 @@ import statistics
 import pytest
 import torch
 
+from model.methods.base import Head, mc_log_predictive
 from model.methods.bmaml import INIT_STD, METHODS, BmamlHead, rbf_kernel, svgd_step
-from model.methods.registry import Head
-from model.methods.regrab import mc_log_predictive
 from model.posterior.logits import similarity_logits
 from pipeline.errors import PipelineError
 from tests.conftest import model_config

@@ -1,8 +1,8 @@
 import numpy as np
 import torch
 
+from model.methods.base import PrototypeHead
 from model.methods.floor import CosinePrototypeHead
-from model.methods.proto import PrototypeHead
 
 
 def test_floor_is_cosine_to_the_renormalised_prototype():

@@ -1,12 +1,21 @@
 """The few-shot GNN head (model/methods/gnn.py): a brute-force graph, way equivariance, independent
 queries, any N and K, learning, and the whole train / evaluate / load path."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch.nn import functional as F
 
-from model.methods.gnn import METHODS, GNNConfig, GNNHead
+from model.config import GNNConfig
+from model.methods.gnn import METHODS, GNNHead
+from tests.conftest import model_config
 from tests.model import tiny_regrab as toy
+
+
+def head_sizes(**changes) -> GNNConfig:
+    """params.yaml's ``model.heads.gnn``, with ``changes``."""
+    return dataclasses.replace(model_config("gnn").gnn, **changes)
 
 
 @pytest.fixture(autouse=True)
@@ -17,7 +26,7 @@ def one_thread():
 
 def head(dim: int = 8, **sizes) -> GNNHead:
     torch.manual_seed(0)
-    return GNNHead(GNNConfig(**sizes), dim).double()
+    return GNNHead(head_sizes(**sizes), dim).double()
 
 
 class TestCandidateWays(toy.CandidateWayHeadChecks):
@@ -28,11 +37,11 @@ class TestCandidateWays(toy.CandidateWayHeadChecks):
 
     @staticmethod
     def one_episode_per_chunk() -> GNNHead:
-        return GNNHead(GNNConfig(chunk_pairs=1), 8).double()
+        return GNNHead(head_sizes(chunk_pairs=1), 8).double()
 
     @staticmethod
     def learner() -> GNNHead:
-        return GNNHead(GNNConfig(width=32, growth=16), 16)
+        return GNNHead(head_sizes(width=32, growth=16), 16)
 
 
 def reference_scores(h: GNNHead, support: torch.Tensor, query: torch.Tensor) -> torch.Tensor:

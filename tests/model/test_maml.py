@@ -5,9 +5,8 @@ import math
 import pytest
 import torch
 
+from model.methods.base import Head, PrototypeHead
 from model.methods.maml import METHODS, MamlHead
-from model.methods.proto import PrototypeHead
-from model.methods.registry import Head
 from pipeline.errors import PipelineError
 from tests.model.tiny_regrab import registered, train_evaluate_reload
 

@@ -2,11 +2,20 @@
 the plain transformer layers, a joint (non-additive) pair score, ways that read only their
 own shots, way equivariance, exact chunks, learning, and the train / evaluate / load path."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from model.methods.pair import METHODS, PairConfig, PairHead
+from model.config import PairConfig
+from model.methods.pair import METHODS, PairHead
+from tests.conftest import model_config
 from tests.model import tiny_regrab as toy
+
+
+def head_sizes(**changes) -> PairConfig:
+    """params.yaml's ``model.heads.pair``, with ``changes``."""
+    return dataclasses.replace(model_config("pair").pair, **changes)
 
 
 @pytest.fixture(autouse=True)
@@ -18,7 +27,7 @@ def one_thread():
 def head(dim: int = 8, **sizes) -> PairHead:
     """A seeded float64 head in eval mode (dropout off, so repeated calls agree)."""
     torch.manual_seed(0)
-    return PairHead(PairConfig(**sizes), dim).double().eval()
+    return PairHead(head_sizes(**sizes), dim).double().eval()
 
 
 class TestCandidateWays(toy.CandidateWayHeadChecks):
@@ -33,13 +42,13 @@ class TestCandidateWays(toy.CandidateWayHeadChecks):
 
     @staticmethod
     def one_episode_per_chunk() -> PairHead:
-        return PairHead(PairConfig(chunk_pairs=1), 8).double().eval()
+        return PairHead(head_sizes(chunk_pairs=1), 8).double().eval()
 
     @staticmethod
     def learner() -> PairHead:
         # Two layers: the toy's classes are isotropic, so block i of the query must meet
         # block i of the support, which takes token-to-token attention to learn in 60 steps.
-        return PairHead(PairConfig(width=64, layers=2, dropout=0.0), 16)
+        return PairHead(head_sizes(width=64, layers=2, dropout=0.0), 16)
 
 
 def test_a_way_reads_only_its_own_shots():
@@ -117,7 +126,7 @@ def test_logits_match_a_loop_over_pairs(layers, dim):
 def test_chunks_of_episodes_are_exact(chunk_pairs):
     """One episode per chunk, two (the last chunk holds one), and four; against one chunk."""
     h = head(layers=2)
-    small = PairHead(PairConfig(layers=2, chunk_pairs=chunk_pairs), 8).double().eval()
+    small = PairHead(head_sizes(layers=2, chunk_pairs=chunk_pairs), 8).double().eval()
     small.load_state_dict(h.state_dict())
     support, query = toy.random_episode(3, 2, 4, b=5)
     with torch.no_grad():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from model.methods import registry
-from model.methods.proto import PrototypeHead
+from model.methods.base import PrototypeHead
 from model.methods.proto_label import METHODS, LabelPrior, ProtoLabelHead
 from model.prior.gcn import GraphPriorConfig
 from pipeline.errors import PipelineError

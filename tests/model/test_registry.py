@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from model.methods import registry
-from model.methods.registry import Head, Method
+from model.methods.base import Head
+from model.methods.registry import Method
 from model.posterior.logits import similarity_logits
 from tests.conftest import project_params
 from tests.model.tiny_regrab import registered, train_evaluate_reload

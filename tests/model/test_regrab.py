@@ -4,18 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from model.files.checkpoint import (
-    build_head,
-    build_model,
-    config_for_method,
-    load_model,
-    read_payload,
-    save_model,
-    save_payload,
-)
-from model.methods.proto import PrototypeHead
-from model.methods.regrab import RegrabHead, mc_log_predictive
-from model.prior.gcn import RelationGraph
+from model.files.checkpoint import Checkpoint, read_payload, save_checkpoint, save_payload
+from model.files.loader import load_model
+from model.methods.base import PrototypeHead, mc_log_predictive
+from model.methods.registry import build_head, build_model, config_for_method
+from model.methods.regrab import RegrabHead
+from model.prior.graph import RelationGraph
 from pipeline.errors import PipelineError
 from tests.conftest import model_config
 from tests.model.tiny_regrab import tiny_encoder
@@ -131,7 +125,7 @@ def test_checkpoint_from_before_the_label_prior_loads_as_graph_only(tmp_path):
     cfg = model_config("regrab", encoder={"name": str(enc_dir), "train_layers": 1},
                        prior={"text": False})
     model = build_model(cfg, _graph())
-    save_model(tmp_path / "m.pt", model, {"step": 1})
+    save_checkpoint(tmp_path / "m.pt", Checkpoint.of(model, step=1))
     payload = read_payload(tmp_path / "m.pt")
     del payload["config"]["prior"]["text"]  # as written before model.prior.text existed
     save_payload(tmp_path / "m.pt", payload)
@@ -144,7 +138,7 @@ def test_checkpoint_from_before_eval_samples_draws_its_training_samples(tmp_path
     enc_dir = tiny_encoder(tmp_path / "bert")
     cfg = model_config("regrab", encoder={"name": str(enc_dir), "train_layers": 1},
                        langevin={"samples": 3, "eval_samples": 7})
-    save_model(tmp_path / "m.pt", build_model(cfg, _graph()), {"step": 1})
+    save_checkpoint(tmp_path / "m.pt", Checkpoint.of(build_model(cfg, _graph()), step=1))
     assert load_model(tmp_path / "m.pt")[0].config.langevin.draws(training=False) == 7
     payload = read_payload(tmp_path / "m.pt")
     del payload["config"]["langevin"]["eval_samples"]  # as written before it existed
@@ -163,13 +157,13 @@ def test_checkpoint_roundtrip_without_params(tmp_path):
         for p in model.parameters():
             if p.requires_grad:
                 p.add_(0.1)
-    save_model(tmp_path / "m.pt", model, {"step": 7})
-    loaded, payload = load_model(tmp_path / "m.pt")
-    assert payload["step"] == 7 and loaded.config == cfg
+    save_checkpoint(tmp_path / "m.pt", Checkpoint.of(model, step=7))
+    loaded, checkpoint = load_model(tmp_path / "m.pt")
+    assert checkpoint.step == 7 and loaded.config == cfg
     a, b = model.state_dict(), loaded.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert torch.equal(model.head.prior_states(), loaded.head.prior_states())
-    assert math.isclose(float(np.sum([v.numel() for v in payload["state"].values()])),
+    assert math.isclose(float(np.sum([v.numel() for v in checkpoint.state.values()])),
                         sum(v.numel() for v in model.trainable_state().values()))
     with pytest.raises(PipelineError, match="not found"):
         load_model(tmp_path / "missing.pt")

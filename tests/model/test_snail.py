@@ -1,16 +1,25 @@
 """The SNAIL head (model/methods/snail.py): causal blocks against a loop, one sequence per query,
 way equivariance, any N and K, learning, and the whole train / evaluate / load path."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from model.methods.snail import METHODS, AttentionBlock, DenseBlock, SnailConfig, SnailHead
+from model.config import SnailConfig
+from model.methods.snail import METHODS, AttentionBlock, DenseBlock, SnailHead
+from tests.conftest import model_config
 from tests.model import tiny_regrab as toy
+
+
+def head_sizes(**changes) -> SnailConfig:
+    """params.yaml's ``model.heads.snail``, with ``changes``."""
+    return dataclasses.replace(model_config("snail").snail, **changes)
 
 
 def head(dim: int = 8, **sizes) -> SnailHead:
     torch.manual_seed(0)
-    return SnailHead(SnailConfig(**sizes), dim).double()
+    return SnailHead(head_sizes(**sizes), dim).double()
 
 
 @pytest.fixture(autouse=True)
@@ -69,18 +78,18 @@ class TestCandidateWays(toy.CandidateWayHeadChecks):
 
     @staticmethod
     def learner() -> SnailHead:
-        return SnailHead(SnailConfig(width=32, filters=8), 16)
+        return SnailHead(head_sizes(width=32, filters=8), 16)
 
     @staticmethod
     def one_episode_per_chunk() -> SnailHead:
-        return SnailHead(SnailConfig(chunk_positions=1), 8).double()
+        return SnailHead(head_sizes(chunk_positions=1), 8).double()
 
 
 def test_snail_trains_evaluates_and_loads(tmp_path):
     with toy.registered(*METHODS):  # trained on 2w1s; 3w2s has more ways and shots
         model, metrics = toy.train_evaluate_reload(tmp_path, ["snail"], ways=[2], shots=[1])
     assert isinstance(model.head, SnailHead) and model.config.method == "snail"
-    fresh = SnailHead(SnailConfig(), model.head.direction.shape[0])
+    fresh = SnailHead(head_sizes(), model.head.direction.shape[0])
     torch.testing.assert_close(model.head.direction, fresh.direction)  # the order is saved
     norm = model.head.embed[1].weight
     assert not torch.equal(norm, torch.ones_like(norm))  # its parameters trained

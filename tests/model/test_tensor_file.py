@@ -140,3 +140,28 @@ def test_header_sizes_that_start_like_a_pickle_still_load(tmp_path, size):
         pytest.skip("no padding gave that header size")
     assert path.read_bytes()[:1] == b"\x80"
     assert tensor_file.load(path, "f")[1]["s"] == "x" * pad
+
+
+def test_the_same_tree_gives_the_same_bytes_in_every_process(tmp_path):
+    """The library orders the header's metadata by a per-process hash; the header is
+    rewritten in one order, so a rerun writes the same file (and DVC sees no change)."""
+    import subprocess
+    import sys
+
+    script = ("import sys, torch; from model.files import tensor_file; "
+              "tensor_file.save(sys.argv[1], {'w': torch.arange(6.).view(2, 3), 'e': "
+              "torch.zeros(0), 'meta': {'name': 'é', 'steps': [1, 2]}, 'b': torch.ones(2, "
+              "dtype=torch.long)}, 'fmt'); tensor_file.save_tensors(sys.argv[2], "
+              "{'b': torch.ones(3), 'a': torch.zeros(2, dtype=torch.long)})")
+    for i in range(4):
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / f"t{i}"),
+                        str(tmp_path / f"p{i}")], check=True)
+    for stem in ("t", "p"):
+        files = {(tmp_path / f"{stem}{i}").read_bytes() for i in range(4)}
+        assert len(files) == 1, stem
+    fmt, tree = tensor_file.load(tmp_path / "t0", "fmt")
+    assert tree["meta"] == {"name": "é", "steps": [1, 2]} and tree["w"].shape == (2, 3)
+    assert torch.equal(tensor_file.load_tensors(tmp_path / "p0", "w", "fix")["b"], torch.ones(3))
+    head = (tmp_path / "t0").read_bytes()
+    size = int.from_bytes(head[:8], "little")
+    assert size % 8 == 0 and json.loads(head[8:8 + size])["__metadata__"]["format"] == "fmt"

@@ -7,8 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from model.methods.registry import Head
-from model.methods.regrab import mc_log_predictive
+from model.methods.base import Head, mc_log_predictive
 from model.methods.versa import (
     INIT_LOG_VARIANCE,
     METHODS,

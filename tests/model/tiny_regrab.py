@@ -134,7 +134,7 @@ def train_evaluate_reload(root: Path, methods: list[str],
     """
     import yaml
 
-    from model.files.checkpoint import load_model
+    from model.files.loader import load_model
     from stages import evaluate
     from stages import train as train_stage
     from tests.conftest import project_params
@@ -198,7 +198,7 @@ class CandidateWayHeadChecks:
     ways_shots: list[tuple[int, int]] = []
 
     def test_it_is_a_head_whose_ways_are_coupled(self):
-        from model.methods.registry import Head
+        from model.methods.base import Head
 
         h = self.head()
         assert isinstance(h, Head) and h.couples_ways and h.prior is None

@@ -1,0 +1,172 @@
+"""The ``model`` section of ``params.yaml`` and the config a model is rebuilt from.
+
+``params.yaml`` holds the values, the frozen dataclasses the schema
+(:class:`~model.encoder.sentence.EncoderConfig`, :class:`~model.prior.gcn.GraphPriorConfig`,
+:class:`~model.posterior.langevin.LangevinConfig`, and here the sizes of the comparison heads
+that have networks of their own); :func:`pipeline.config.parse_section` validates them.
+:class:`ModelParams` is the section, :class:`RegrabConfig` one method's share of it, which a
+checkpoint stores so that the model can be rebuilt without ``params.yaml``.
+
+This module knows no method registry and no checkpoint code: which methods exist, and
+which head sizes a method reads, is :mod:`model.methods.registry`'s business
+(:func:`~model.methods.registry.config_for_method`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from model.encoder.sentence import EncoderConfig
+from model.posterior.langevin import LangevinConfig
+from model.prior.gcn import GraphPriorConfig
+from pipeline.config import field, parse_section, register_section
+
+
+@dataclass(frozen=True)
+class GNNConfig:
+    """``model.heads.gnn``: sizes of the few-shot GNN (:mod:`model.methods.gnn`)."""
+
+    width: int = field(ge=1, doc="node features after projecting the D-dimensional encoding")
+    growth: int = field(ge=1, doc="features each hidden graph convolution adds (dense "
+                                  "concatenation)")
+    layers: int = field(ge=0, doc="hidden graph convolutions before the output one")
+    metric_hidden: int = field(ge=1, doc="width of P and of the hidden layer of each "
+                                         "adjacency MLP")
+    chunk_pairs: int = field(ge=1, doc="at most this many (node, neighbour) pairs per forward "
+                                       "pass; larger batches of episodes are split into chunks "
+                                       "(exact: episodes are independent), which bounds "
+                                       "evaluation memory")
+
+
+@dataclass(frozen=True)
+class SnailConfig:
+    """``model.heads.snail``: sizes of the SNAIL head (:mod:`model.methods.snail`)."""
+
+    width: int = field(ge=1, doc="features after projecting the D-dimensional encoding")
+    filters: int = field(ge=1, doc="features each dense block adds")
+    dilations: tuple[int, ...] = field(ge=1, doc="the dilations of the dense blocks of one TC "
+                                                 "block")
+    attention: tuple[tuple[int, int], ...] = field(doc="(key size, value size) of each "
+                                                       "attention block; TC blocks sit "
+                                                       "between them")
+    chunk_positions: int = field(ge=1, doc="at most this many sequence positions per forward "
+                                           "pass; larger batches of episodes are split into "
+                                           "chunks (exact: episodes are independent), which "
+                                           "bounds evaluation memory")
+
+    def __post_init__(self) -> None:
+        if not self.attention or any(len(a) != 2 or min(a) < 1 for a in self.attention):
+            raise ValueError(f"snail attention {list(self.attention)} must be one or more "
+                             "[key size, value size] pairs of positive sizes")
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    """``model.heads.pair``: sizes of the pair head (:mod:`model.methods.pair`)."""
+
+    blocks: int = field(ge=1, doc="readout blocks of the encoding, one token each (4 for "
+                                  "markers_mean); 1 is used when D is not a multiple of it")
+    width: int = field(ge=1, doc="token width of the pair encoder")
+    heads: int = field(ge=1, doc="attention heads of each layer (must divide width)")
+    layers: int = field(ge=1, doc="transformer encoder layers over a pair's tokens")
+    ff: int = field(ge=1, doc="hidden width of each layer's feed-forward")
+    dropout: float = field(ge=0, lt=1, doc="dropout of each layer (attention weights, "
+                                           "residual branches, feed-forward)")
+    chunk_pairs: int = field(ge=1, doc="at most this many (query, support) pairs per forward "
+                                       "pass; larger batches of episodes are split into chunks "
+                                       "(exact: episodes are independent), which bounds "
+                                       "evaluation memory")
+
+    def __post_init__(self) -> None:
+        if self.width % self.heads:
+            raise ValueError(f"pair heads {self.heads} must divide its width {self.width}")
+
+
+@dataclass(frozen=True)
+class HeadsConfig:
+    """``model.heads``: the sizes of the comparison heads that have networks of their own.
+
+    A method's config carries only its own head's sizes (:class:`RegrabConfig`), so
+    changing one head's sizes retrains that method alone.
+    """
+
+    gnn: GNNConfig = field(doc="the few-shot GNN (Garcia and Bruna)")
+    snail: SnailConfig = field(doc="SNAIL (Mishra et al.)")
+    pair: PairConfig = field(doc="the pair classifier (BERT-PAIR, Gao et al.)")
+
+
+@register_section("model")
+@dataclass(frozen=True)
+class ModelParams:
+    """``params.yaml`` section ``model``: one subsection per component."""
+
+    encoder: EncoderConfig = field(doc="the sentence encoder")
+    prior: GraphPriorConfig = field(doc="the graph (and label) prior over prototypes")
+    langevin: LangevinConfig = field(doc="the posterior over prototypes and its sampler")
+    heads: HeadsConfig = field(doc="sizes of the comparison methods' own heads")
+
+
+@dataclass(frozen=True)
+class RegrabConfig:
+    """Everything needed to rebuild a model: the method plus its component configs.
+
+    ``gnn``, ``snail`` and ``pair`` hold the head sizes of that method alone (None for every
+    other method), so a method's config, and with it its checkpoints and training
+    fingerprint, never depends on another method's sizes.
+    """
+
+    method: str
+    encoder: EncoderConfig
+    prior: GraphPriorConfig
+    langevin: LangevinConfig
+    gnn: GNNConfig | None = None
+    snail: SnailConfig | None = None
+    pair: PairConfig | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain data; head sizes a method does not use are left out, so the
+        configs of methods without them are what versions before ``model.heads`` wrote."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "checkpoint config") -> RegrabConfig:
+        """Validate a config as any version wrote it (see :func:`upgrade`)."""
+        return parse_section(cls, upgrade(d), where)
+
+
+#: The head sizes older versions built ``gnn``, ``snail`` and ``pair`` with, as code defaults,
+#: before ``model.heads`` existed; their checkpoints do not store them.
+OLD_HEAD_SIZES: dict[str, dict[str, Any]] = {
+    "gnn": {"width": 128, "growth": 64, "layers": 2, "metric_hidden": 16,
+            "chunk_pairs": 1 << 20},
+    "snail": {"width": 128, "filters": 16, "dilations": (1, 2, 4, 8, 16, 32),
+              "attention": ((32, 16), (64, 32), (128, 64)), "chunk_positions": 1 << 16},
+    "pair": {"blocks": 4, "width": 128, "heads": 4, "layers": 1, "ff": 256, "dropout": 0.1,
+             "chunk_pairs": 1 << 14},
+}
+
+
+def upgrade(d: Any) -> Any:
+    """A config dict with the keys older versions did not write, at the values they used.
+
+    Anything that is not a dict is returned as it is, for :func:`parse_section` to refuse.
+    """
+    if not isinstance(d, dict):
+        return d
+    d = dict(d)
+    if isinstance(d.get("encoder"), dict) and "block_norm" not in d["encoder"]:
+        # Written before block_norm existed: the encoding was normalised as one.
+        d["encoder"] = {**d["encoder"], "block_norm": False}
+    if isinstance(d.get("prior"), dict) and "text" not in d["prior"]:
+        # Written before model.prior.text existed: the prior read the graph only.
+        d["prior"] = {**d["prior"], "text": False}
+    if isinstance(d.get("langevin"), dict) and "eval_samples" not in d["langevin"]:
+        # Written before model.langevin.eval_samples existed: evaluation drew ``samples``.
+        d["langevin"] = {**d["langevin"], "eval_samples": 0}
+    method = d.get("method")
+    if isinstance(method, str) and method in OLD_HEAD_SIZES and method not in d:
+        # Written before model.heads existed: the head had the code's sizes.
+        d[method] = dict(OLD_HEAD_SIZES[method])
+    return d
