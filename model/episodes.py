@@ -11,12 +11,14 @@ Shapes:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from pipeline.errors import PipelineError
+from pipeline.report import normal_ci95
 
 _SETTING = re.compile(r"^(\d+)w(\d+)s$")
 
@@ -108,6 +110,46 @@ def gather_episodes(encodings: torch.Tensor, episodes: Episodes) -> tuple[torch.
     return support, query, labels
 
 
+def log_predictive_batches(
+    head: torch.nn.Module,
+    encodings: torch.Tensor,
+    relation: np.ndarray,
+    support: np.ndarray,
+    query: np.ndarray,
+    relation_rows: torch.Tensor,
+    batch_size: int = 250,
+    generator: torch.Generator | None = None,
+) -> Iterator[torch.Tensor]:
+    """The one episode loop: log-predictive of every query, ``batch_size`` episodes at a time.
+
+    Batches are drawn in order with one generator, so every caller
+    (:func:`episode_accuracy`, :func:`model.evaluation.scoring.score_episodes`) gives the
+    same predictions for the same episodes and seed.
+
+    Args:
+        head: a REGRAB or baseline head in eval mode.
+        encodings: sentence encodings; the row arrays index into them.
+        relation: sampler relation index of every way.
+        support: sentence rows of the support.
+        query: sentence rows of the queries, all ways of an episode together.
+        relation_rows: graph row of each sampler relation (-1 unknown; ignored without prior).
+        batch_size: episodes per forward pass.
+        generator: seeds the posterior samples of a head that samples at evaluation.
+
+    Shapes:
+        encodings: (n, D), relation: (B, N), support: (B, N, K), query: (B, Q)
+        -> one (B_batch, Q, N) tensor per batch
+    """
+    dev = encodings.device
+    states = head.prior_states()
+    for start in range(0, len(relation), batch_size):
+        stop = start + batch_size
+        sup = encodings[torch.from_numpy(support[start:stop]).to(dev)]  # (B, N, K, D)
+        qry = encodings[torch.from_numpy(query[start:stop]).to(dev)]  # (B, Q, D)
+        rows = relation_rows.to(dev)[torch.from_numpy(relation[start:stop]).to(dev)]  # (B, N)
+        yield head.log_predictive(sup, qry, head.prior_means(states, rows), generator)
+
+
 @torch.no_grad()
 def episode_accuracy(
     head: torch.nn.Module,
@@ -130,22 +172,16 @@ def episode_accuracy(
     Shapes:
         encodings: (n, D), relation_rows: (R_split,) -> (B,)
     """
-    states = head.prior_states()
-    accs = []
-    for start in range(0, len(episodes.relation), batch_size):
-        part = Episodes(*(a[start : start + batch_size] for a in
-                          (episodes.relation, episodes.support, episodes.query)))
-        support, query, labels = gather_episodes(encodings, part)
-        rows = relation_rows.to(encodings.device)[torch.from_numpy(part.relation)]  # (B, N)
-        h = head.prior_means(states, rows)
-        log_p = head.log_predictive(support, query, h, generator)  # (B, Q, N)
-        accs.append((log_p.argmax(-1) == labels).float().mean(1).cpu().numpy())
+    b, n, q = episodes.query.shape
+    labels = torch.arange(n, device=encodings.device).repeat_interleave(q)  # (N*Q,)
+    accs = [(log_p.argmax(-1) == labels).float().mean(1).cpu().numpy()  # (B_batch,)
+            for log_p in log_predictive_batches(
+                head, encodings, episodes.relation, episodes.support,
+                episodes.query.reshape(b, n * q), relation_rows, batch_size, generator)]
     return np.concatenate(accs)
 
 
 def mean_ci95(acc: np.ndarray) -> tuple[float, float]:
     """Mean accuracy and the half-width of its normal 95% interval, both in percent."""
     acc = np.asarray(acc, dtype=np.float64)
-    if len(acc) < 2:
-        return float(acc.mean() * 100), float("nan")
-    return float(acc.mean() * 100), float(1.96 * acc.std(ddof=1) / np.sqrt(len(acc)) * 100)
+    return float(acc.mean() * 100), float(normal_ci95(acc) * 100)

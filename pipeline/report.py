@@ -64,12 +64,24 @@ def interval(values: Any) -> dict[str, Any]:
     return {"mean": float(v.mean()), "ci95": None if ci is None else float(ci), "n_splits": n}
 
 
+def normal_ci95(values: Any) -> float:
+    """Normal 95% half-width of the mean of ``values``, ``1.96 sd / sqrt(n)`` (NaN for n < 2).
+
+    The one normal interval of the project: pooled episodes, paired episode differences and
+    ``regrab-fewrel-test``'s accuracy (each caller scales it to percent itself).
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) < 2:
+        return float("nan")
+    return float(1.96 * v.std(ddof=1) / math.sqrt(len(v)))
+
+
 def pooled_ci95(episode_acc: list[np.ndarray]) -> float | None:
     """Normal 95% half-width (percent) over every episode of every split pooled together."""
     acc = np.concatenate(episode_acc) if episode_acc else np.zeros(0)
     if len(acc) < 2:
         return None
-    return float(1.96 * acc.std(ddof=1) / math.sqrt(len(acc)) * 100)
+    return float(normal_ci95(acc) * 100)
 
 
 def summarise(per_split: dict[str, dict[str, dict[str, dict[str, Any]]]],
@@ -80,7 +92,7 @@ def summarise(per_split: dict[str, dict[str, dict[str, dict[str, Any]]]],
         per_split: ``{split: {method: {setting: cell}}}``; a cell has ``episodes`` (per-episode
             accuracy, fraction), ``ece``, ``aurc`` (percent), ``curve`` (selective accuracy at
             :data:`COVERAGES`, percent) and ``bins``
-            (:func:`model.evaluation.scoring.reliability_bins`).
+            (the evaluation's reliability bins).
         nota: ``{split: {method: {"{setting}_r{pct}": {"acc", "threshold", "abstained"}}}}``.
 
     Returns:

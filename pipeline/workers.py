@@ -1,21 +1,195 @@
-"""Independent jobs in forked worker processes (or in this one), results handed back here.
+"""The one job runner of the ``train``, ``evaluate`` and ``transfer`` stages.
 
-The ``train`` and ``evaluate`` stages run their models this way (``workers`` in their
-params sections). Workers are forked, so they inherit what the stage prepared (graph, tokens,
-caches) without pickling it; each sets its own torch thread count and, on Linux, ends when
-the stage's process does.
+A stage plans its work as a list of independent jobs and hands the runner that list and a
+function that runs one job. The runner
+
+1. decides how many processes may run at once (:func:`usable_workers`: ``workers`` on the
+   CPU, one on CUDA, never more than there are jobs);
+2. runs the jobs in plan order, in this process or in that many forked workers;
+3. logs each finished job with the minutes left (from the seconds per unit of ``cost`` so
+   far);
+4. returns the results in plan order, whichever worker finished first.
+
+Workers are forked, so ``fn`` and whatever it closes over (graph, tokens, caches) reach
+them without pickling: bind the stage's read-only state into ``fn`` (a closure or a
+``functools.partial``) before calling :func:`run_jobs`; nothing is kept at module level.
+Only a job's index goes to a worker and only its result (or its failure) comes back. Each
+worker sets its own torch thread count and, on Linux, ends when the stage's process does.
+
+A failing job fails the stage: the jobs not yet started are dropped, one still running on
+another worker finishes first (a trained model is then reused by the next run), and the
+failure is raised here; a :class:`~pipeline.errors.PipelineError` keeps its one line,
+prefixed with the job's name.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config import set_threads
+from pipeline.errors import PipelineError
 
 
-def _worker_start(threads: int) -> None:
-    """A worker: its own torch thread count; it ends with the stage (Linux)."""
+def usable_workers(workers: int, device: Any, jobs: int | None = None) -> int:
+    """Processes that may run jobs at once: ``workers`` on the CPU, one on CUDA (CUDA does
+    not survive a fork, and one process keeps a GPU busy), at most ``jobs`` and at least 1
+    when the number of jobs is given."""
+    count = workers if str(device) == "cpu" else 1
+    return count if jobs is None else max(1, min(count, jobs))
+
+
+def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], *, workers: int, threads: int,
+             describe: Callable[[Any], str], log: logging.Logger,
+             cost: Callable[[Any], float] | None = None) -> list[Any]:
+    """``[fn(job) for job in jobs]``, run by up to ``workers`` processes.
+
+    Args:
+        fn: runs one job; with several workers it runs in a forked process, so its result
+            must be picklable (``fn`` itself need not be).
+        jobs: the plan, in the order the results are returned.
+        workers: processes at once (:func:`usable_workers`); 1 runs every job here.
+        threads: torch threads of each forked worker.
+        describe: a job's name in the progress and error lines.
+        log: the stage's logger, for one progress line per finished job.
+        cost: a job's share of the work, for the minutes left (default: 1 each).
+
+    Returns:
+        The results in plan order.
+    """
+    workers = max(1, min(workers, len(jobs)))
+    progress = _Progress(jobs, describe, cost or (lambda job: 1.0), workers, log,
+                         time.perf_counter())
+    if workers == 1:
+        results = []
+        for job in jobs:
+            start = time.perf_counter()
+            try:
+                results.append(fn(job))
+            except PipelineError as exc:
+                raise PipelineError(f"{describe(job)}: {exc}") from exc
+            progress.done(job, time.perf_counter() - start)
+        return results
+    return _run_forked(fn, jobs, workers, threads, describe, progress)
+
+
+@dataclass
+class _Progress:
+    """Counts finished jobs and estimates the minutes left."""
+
+    jobs: Sequence[Any]
+    describe: Callable[[Any], str]
+    cost: Callable[[Any], float]
+    workers: int
+    log: logging.Logger
+    start: float  # when the stage started its jobs
+    finished: int = 0
+    seconds: float = 0.0  # spent by the finished jobs
+    spent: float = 0.0  # their cost
+
+    def done(self, job: Any, took: float) -> None:
+        self.finished += 1
+        self.seconds += took
+        self.spent += self.cost(job)
+        left = sum(self.cost(j) for j in self.jobs) - self.spent
+        per_unit = self.seconds / self.spent if self.spent else 0.0
+        self.log.info("%s done in %.0f s (%d of %d, %.0f s so far, about %.0f min left)",
+                      self.describe(job), took, self.finished, len(self.jobs),
+                      time.perf_counter() - self.start,
+                      max(left, 0.0) * per_unit / self.workers / 60)
+
+
+class RemoteTraceback(Exception):
+    """The traceback of a failure in a worker process (the cause of the error raised here)."""
+
+
+@dataclass
+class _Worker:
+    process: Any  # multiprocessing.Process
+    conn: Any  # this end of its pipe
+    job: int | None = None  # index of the job it runs now
+
+
+def _run_forked(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, threads: int,
+                describe: Callable[[Any], str], progress: _Progress) -> list[Any]:
+    """The jobs in ``workers`` forked processes, each handed the next job when it is free."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    ctx = multiprocessing.get_context("fork")
+    pool = []
+    for _ in range(workers):
+        here, there = ctx.Pipe()
+        process = ctx.Process(target=_serve, args=(fn, jobs, threads, there))
+        process.start()
+        there.close()
+        pool.append(_Worker(process, here))
+    results: list[Any] = [None] * len(jobs)
+    following = iter(range(len(jobs)))
+    failure: BaseException | None = None
+    try:
+        while True:
+            for worker in pool:
+                if failure is None and worker.job is None:
+                    worker.job = next(following, None)
+                    if worker.job is not None:
+                        worker.conn.send(worker.job)
+            busy = [w for w in pool if w.job is not None]
+            if not busy:
+                break
+            ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy])
+            for worker in busy:
+                if worker.conn not in ready and worker.process.sentinel not in ready:
+                    continue
+                i, worker.job = worker.job, None
+                try:
+                    ok, value, took = worker.conn.recv()
+                except EOFError:  # killed (out of memory?) before it could answer
+                    worker.process.join()
+                    pool.remove(worker)
+                    ok, value, took = False, (PipelineError(
+                        f"its worker process died (exit code {worker.process.exitcode})"),
+                        ""), 0.0
+                if ok:
+                    results[i] = value
+                    progress.done(jobs[i], took)
+                elif failure is None:
+                    failure = _raised(value, describe(jobs[i]))
+        if failure is not None:
+            raise failure
+        return results
+    except BaseException:
+        # Interrupted (Ctrl-C) or failed: no worker may outlive the stage's call.
+        for worker in pool:
+            if worker.job is not None:
+                worker.process.terminate()
+        raise
+    finally:
+        for worker in pool:
+            if worker.process.is_alive() and worker.job is None:
+                try:
+                    worker.conn.send(None)
+                except OSError:  # its end is gone: it is ending anyway
+                    pass
+            worker.process.join()
+            worker.conn.close()
+
+
+def _raised(sent: tuple[BaseException, str], name: str) -> BaseException:
+    """The exception to raise here for a job's failure sent back by its worker."""
+    exc, text = sent
+    if isinstance(exc, PipelineError):
+        return PipelineError(f"{name}: {exc}")
+    exc.__cause__ = RemoteTraceback(f"{name} failed in a worker:\n{text}")
+    return exc
+
+
+def _serve(fn: Callable[[Any], Any], jobs: Sequence[Any], threads: int, conn: Any) -> None:
+    """A worker: runs the job of every index it is sent until it is sent None."""
     set_threads(threads)
     try:
         import ctypes
@@ -24,30 +198,14 @@ def _worker_start(threads: int) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # elsewhere a killed stage may leave a worker to finish its job
-
-
-def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, threads: int,
-             done: Callable[[int, Any], None]) -> None:
-    """Call ``fn(job)`` for every job, and ``done(i, result)`` here as job ``i`` finishes.
-
-    With one worker the jobs run in order in this process; with more, in that many forked
-    processes (CPU only: CUDA does not survive a fork), in the order they finish. ``fn``
-    must be picklable (a module-level function, or a ``functools.partial`` of one). On a
-    failure the jobs not yet started are dropped; one still running on another worker
-    finishes first, then the failure is raised.
-    """
-    if workers <= 1:
-        for i, job in enumerate(jobs):
-            done(i, fn(job))
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                               initializer=_worker_start, initargs=(threads,))
-    try:
-        futures = {pool.submit(fn, job): i for i, job in enumerate(jobs)}
-        for future in as_completed(futures):
-            done(futures[future], future.result())
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    while (i := conn.recv()) is not None:
+        start = time.perf_counter()
+        try:
+            answer = (True, fn(jobs[i]), time.perf_counter() - start)
+        except BaseException as exc:  # sent back (Ctrl-C too): the stage raises it
+            answer = (False, (exc, traceback.format_exc()), 0.0)
+        try:
+            conn.send(answer)
+        except Exception as exc:  # a result or exception that does not pickle
+            conn.send((False, (RuntimeError(f"{type(exc).__name__}: {exc}"),
+                               traceback.format_exc()), 0.0))

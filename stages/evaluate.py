@@ -24,19 +24,14 @@ from typing import Any
 import torch
 
 from model.encoder.frozen_cache import LowerCache
-from model.evaluation.splits import (
-    EvalConfig,
-    evaluate_split,
-    merge_shares,
-    method_shares,
-    scoring_workers,
-)
+from model.evaluation.config import EvalConfig
+from model.evaluation.splits import evaluate_split, merge_shares, method_shares
 from model.training.config import ComparisonConfig, load_comparison
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_paths, remove_stale_temporaries
-from pipeline.workers import run_jobs
+from pipeline.workers import run_jobs, usable_workers
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +48,10 @@ class Job:
 
 
 def split_jobs(splits: Path, names: tuple[str, ...], cfg: EvalConfig,
-               comparison: ComparisonConfig, device: str) -> list[Job]:
-    """The jobs of ``names``: one per split, or, with fewer splits than workers, the split's
-    methods dealt round-robin into one job per worker (the first also scores the floor)."""
-    workers = scoring_workers(cfg.workers, device)
+               comparison: ComparisonConfig, workers: int) -> list[Job]:
+    """The jobs of ``names``: one per split, or, with fewer splits than ``workers``, the
+    split's methods dealt round-robin into one job per worker (the first also scores the
+    floor)."""
     jobs = []
     for i, name in enumerate(names):
         tail = name.rsplit("_", 1)[-1]
@@ -69,37 +64,23 @@ def split_jobs(splits: Path, names: tuple[str, ...], cfg: EvalConfig,
     return jobs
 
 
-def _run_job(job: Job, models: Path, device: str
-             ) -> tuple[tuple[dict[str, Any], dict[str, Any]], float]:
-    """The job's cells and NOTA cells, and the seconds it took."""
-    start = time.perf_counter()
+def score_job(job: Job, models: Path, device: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job's cells and NOTA cells."""
     with torch.no_grad():
-        result = evaluate_split(job.split_dir, models, job.cfg, device, LowerCache(),
-                                job.split_index, job.capped)
-    return result, time.perf_counter() - start
+        return evaluate_split(job.split_dir, models, job.cfg, device, LowerCache(),
+                              job.split_index, job.capped)
 
 
-def score_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str,
-               t0: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def score_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cells and NOTA cells per split, in the order of the split's methods (floor last)."""
-    results: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
-    workers = min(scoring_workers(cfg.workers, device), len(jobs))
-    spent = [0.0, 0]  # seconds and methods of the finished jobs
-
-    def done(i: int, timed: tuple[tuple[dict[str, Any], dict[str, Any]], float]) -> None:
-        results[i], took = timed
-        spent[0] += took
-        spent[1] += len(jobs[i].cfg.methods)
-        left = sum(len(j.cfg.methods) for k, j in enumerate(jobs) if k not in results)
-        log.info("%s: %s evaluated in %.0f s (%d of %d jobs, %.0f s so far, about %.0f min "
-                 "left)", jobs[i].split_dir.name, ", ".join(jobs[i].cfg.methods), took,
-                 len(results), len(jobs), time.perf_counter() - t0,
-                 left * spent[0] / spent[1] / workers / 60)
-
-    run_jobs(functools.partial(_run_job, models=models, device=device), jobs, workers,
-             cfg.threads, done)
-    return merge_shares((job.split_dir.name, job.methods, *results[i])
-                        for i, job in enumerate(jobs))
+    results = run_jobs(functools.partial(score_job, models=models, device=device), jobs,
+                       workers=usable_workers(cfg.workers, device, len(jobs)),
+                       threads=cfg.threads, log=log, cost=lambda job: len(job.cfg.methods),
+                       describe=lambda job: f"{job.split_dir.name}: "
+                                            + ", ".join(job.cfg.methods))
+    return merge_shares((job.split_dir.name, job.methods, *result)
+                        for job, result in zip(jobs, results, strict=True))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -140,8 +121,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         remove_stale_temporaries(path.parent, [path.name])
     t0 = time.perf_counter()
     comparison = load_comparison(args.params, cfg.methods)
-    jobs = split_jobs(args.splits, names, cfg, comparison, device)
-    per_split, nota = score_jobs(jobs, args.models, cfg, device, t0)
+    jobs = split_jobs(args.splits, names, cfg, comparison, usable_workers(cfg.workers, device))
+    per_split, nota = score_jobs(jobs, args.models, cfg, device)
     summary = report.summarise(per_split, nota)
     metrics = report.headline_metrics(summary, args.benchmark,
                                       (*cfg.methods, *comparison.methods))

@@ -26,26 +26,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model.config import ModelParams, RegrabConfig
 from model.encoder.frozen_cache import LowerCache
 from model.episodes import Setting
-from model.files.checkpoint import (
-    LEGACY_FILES,
-    MODEL_FILE,
-    STATE_FILE,
-    ModelParams,
-    build_model,
-    config_for_method,
-)
+from model.files.checkpoint import LEGACY_FILES, MODEL_FILE, STATE_FILE
 from model.methods import registry
-from model.prior.gcn import RelationGraph
-from model.training.config import TrainConfig, fingerprint, load_comparison, load_train
+from model.methods.registry import build_model, config_for_method
+from model.prior.graph import RelationGraph
+from model.training.config import (
+    ComparisonConfig,
+    TrainConfig,
+    fingerprint,
+    load_comparison,
+    load_train,
+)
 from model.training.loop import TokenCache, frozen_states, prepare, train
 from model.training.state import finish, finished_summary, resume
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import file_digest, read_parquet, remove_stale_temporaries, write_json
 from pipeline.schemas import GRAPH_SCHEMA, RELATIONS_SCHEMA
-from pipeline.workers import run_jobs
+from pipeline.workers import run_jobs, usable_workers
 
 log = logging.getLogger(__name__)
 
@@ -103,79 +104,6 @@ def dvclive_logger(out_dir: Path, step: int):
     return live
 
 
-def train_one(split_dir: Path, method: str, out_dir: Path, model_params: ModelParams,
-              cfg: TrainConfig, inputs: dict[str, str], graph: RelationGraph | None,
-              device: str, tokens: TokenCache, lower_cache: LowerCache,
-              seed_key: tuple[int, ...], on_step=None,
-              setting: Setting | None = None) -> tuple[dict[str, Any], bool]:
-    """Train one method on one split (or reuse the finished model).
-
-    Returns:
-        The model's summary, and whether it was trained now (False: reused as it was).
-    """
-    params = run_fingerprint(split_dir, method, model_params, cfg, inputs, setting)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # A kill during a checkpoint write leaves its temporary file (atomic_path cannot clean
-    # up after SIGKILL); the checkpoint itself is intact, the temporary must not be cached.
-    remove_stale_temporaries(out_dir)
-    best_path, state_path = out_dir / MODEL_FILE, out_dir / STATE_FILE
-    for legacy in LEGACY_FILES:  # pickles of an older version: never loaded, retrained
-        if (out_dir / legacy).exists():
-            log.info("%s: removing %s of an older version", out_dir, legacy)
-            (out_dir / legacy).unlink()
-    done = finished_summary(best_path, state_path, params)
-    if done is not None:
-        log.info("%s/%s: finished model with the same params, skipped", split_dir.name, method)
-        return done, False
-    sched = cfg.schedule(setting)
-    run = prepare(split_dir, method, model_params, sched, graph, device, tokens, lower_cache,
-                  cfg.seed, seed_key)
-    resume(run, state_path, params)
-    live = dvclive_logger(out_dir, run.step) if sched.dvclive else None
-    result = train(run, out_dir, params, live, on_step)
-    summary = {"split": split_dir.name, "method": method,
-               "setting": None if setting is None else setting.name, "best_val_acc": run.best,
-               "best_step": result["best_step"], "steps": sched.steps,
-               "seconds": result["seconds"], "final_loss": result["final_loss"]}
-    finish(best_path, summary, run.history)
-    state_path.unlink(missing_ok=True)
-    return summary, True
-
-
-def run_fingerprint(split_dir: Path, method: str, model_params: ModelParams, cfg: TrainConfig,
-                    inputs: dict[str, str], setting: Setting | None) -> dict[str, Any]:
-    """What one model depends on (:func:`model.training.config.fingerprint`).
-
-    A finished or half-trained model is reused only if its inputs are the same too: the
-    params alone miss a new graph (build_graph.features) or a new split of the relations.
-    """
-    inputs = {**inputs, "train": file_digest(split_dir / "train.parquet"),
-              "val": file_digest(split_dir / "val.parquet")}
-    return fingerprint(config_for_method(model_params, method), cfg.schedule(setting), inputs)
-
-
-def warm_cache(jobs: list[Job], model_params: ModelParams, cfg: TrainConfig,
-               graph: RelationGraph | None, device: str, tokens: TokenCache,
-               cache: LowerCache) -> None:
-    """Encode, before any model trains, every frozen-layer output the ``jobs`` will read.
-
-    One model per distinct frozen part (and label reading) fills the cache split by split,
-    in the order one run after another would. Every job then starts from a copy of this
-    cache, so a model's encodings never depend on which models ran before it, in the same
-    process or another: one worker or several train the same models.
-    """
-    models: dict[tuple, Any] = {}
-    for method in dict.fromkeys(job.method for job in jobs):
-        model_cfg = config_for_method(model_params, method)
-        model = build_model(model_cfg, graph if model_cfg.uses_graph else None).to(device)
-        key = (LowerCache.frozen_key(model.encoder) if model.encoder.split > 0 else None,
-               model.prior is not None and model.prior.config.text)
-        models.setdefault(key, model)
-    for split_dir in dict.fromkeys(job.split_dir for job in jobs):
-        for (frozen, _), model in models.items():
-            frozen_states(model, split_dir, cfg, tokens, cache if frozen is not None else None)
-
-
 @dataclass(frozen=True)
 class Job:
     """One model to train: a method on a split (and a setting under the paper's protocol)."""
@@ -186,23 +114,123 @@ class Job:
     setting_index: int
     setting: Setting | None
     out: Path
-    cfg: TrainConfig  # the ``train`` section as this method trains (the comparison's capped)
+    #: This run's ``train`` section: the comparison's capped, one setting's N and K only
+    #: under the paper's protocol (:meth:`TrainConfig.schedule`).
+    sched: TrainConfig
+    #: What the model depends on (:func:`model.training.config.fingerprint`).
+    params: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        """``split/method`` (``/setting`` under the paper's protocol), in messages."""
+        tail = "" if self.setting is None else f"/{self.setting.name}"
+        return f"{self.split_dir.name}/{self.method}{tail}"
+
+    @property
+    def seed_key(self) -> tuple[int, ...]:
+        """The model's own seeds: its split, its method's seed stream and its setting."""
+        return self.split_index, registry.get(self.method).seed_stream, self.setting_index
 
 
-#: What forked training workers share with the stage (set before they start).
-_SHARED: dict[str, Any] = {}
+@dataclass(frozen=True)
+class Shared:
+    """What every training job reads and none changes; forked workers inherit it."""
+
+    configs: dict[str, RegrabConfig]  # each method's config, built once
+    graph: RelationGraph | None
+    device: str
+    tokens: TokenCache
+    cache: LowerCache  # the warm frozen-layer cache; each job starts from a copy of it
 
 
-def _run_job(job: Job) -> tuple[dict[str, Any], bool, float]:
-    """Train (or reuse) one model from the shared state; its summary, trained?, seconds."""
-    s = _SHARED
-    start = time.perf_counter()
-    summary, trained = train_one(
-        job.split_dir, job.method, job.out, s["model_params"], job.cfg, s["inputs"],
-        s["graph"], s["device"], s["tokens"], s["cache"].copy(),
-        (job.split_index, registry.get(job.method).seed_stream, job.setting_index),
-        setting=job.setting)
-    return summary, trained, time.perf_counter() - start
+def plan(dirs: list[Path], out: Path, cfg: TrainConfig, comparison: ComparisonConfig,
+         configs: dict[str, RegrabConfig], inputs: dict[str, str]) -> list[Job]:
+    """Every model of the stage, split by split, method by method, setting by setting.
+
+    A model's fingerprint holds the digests of its split's train and val files too: a
+    finished or half-trained model is reused only if its inputs are the same, and the
+    params alone miss a new graph (build_graph.features) or a new split of the relations.
+    """
+    settings = [Setting.parse(s) for s in cfg.per_setting] or [None]
+    capped = comparison.schedule(cfg)
+    jobs = []
+    for si, split_dir in enumerate(dirs):
+        digests = {**inputs, "train": file_digest(split_dir / "train.parquet"),
+                   "val": file_digest(split_dir / "val.parquet")}
+        extra = comparison.methods if comparison.runs_on(split_dir.name) else ()
+        for method in (*cfg.methods, *extra):
+            base = capped if method in comparison.methods else cfg
+            for j, setting in enumerate(settings):
+                if setting is not None and setting.shots == 0 and not registry.get(
+                        method).zero_shot:
+                    continue
+                sched = base.schedule(setting)
+                folder = out / split_dir.name / method
+                jobs.append(Job(si, split_dir, method, j, setting,
+                                folder if setting is None else folder / setting.name, sched,
+                                fingerprint(configs[method], sched, digests)))
+    return jobs
+
+
+def reused(job: Job) -> dict[str, Any] | None:
+    """The summary of the job's finished model when its fingerprint is the same, else None.
+
+    The folder is tidied first: a kill during a checkpoint write leaves its temporary file
+    (atomic_path cannot clean up after SIGKILL), which must not be cached, and pickles of an
+    older version are never loaded (the model is retrained).
+    """
+    if job.out.is_dir():
+        remove_stale_temporaries(job.out)
+        for legacy in LEGACY_FILES:
+            if (job.out / legacy).exists():
+                log.info("%s: removing %s of an older version", job.out, legacy)
+                (job.out / legacy).unlink()
+    done = finished_summary(job.out / MODEL_FILE, job.out / STATE_FILE, job.params)
+    if done is not None:
+        log.info("%s: finished model with the same params, skipped", job.name)
+    return done
+
+
+def train_one(job: Job, shared: Shared, on_step=None) -> dict[str, Any]:
+    """Train one model (resuming from its ``state.safetensors``); its summary."""
+    job.out.mkdir(parents=True, exist_ok=True)
+    best_path, state_path = job.out / MODEL_FILE, job.out / STATE_FILE
+    sched = job.sched
+    run = prepare(job.split_dir, job.method, shared.configs[job.method], sched, shared.graph,
+                  shared.device, shared.tokens, shared.cache.copy(), sched.seed, job.seed_key)
+    resume(run, state_path, job.params)
+    live = dvclive_logger(job.out, run.step) if sched.dvclive else None
+    result = train(run, job.out, job.params, live, on_step)
+    summary = {"split": job.split_dir.name, "method": job.method,
+               "setting": None if job.setting is None else job.setting.name,
+               "best_val_acc": run.best, "best_step": result["best_step"],
+               "steps": sched.steps, "final_loss": result["final_loss"]}
+    # No wall-clock time in the model folder (a DVC output): a rerun writes it byte for byte.
+    finish(best_path, summary, run.history)
+    state_path.unlink(missing_ok=True)
+    log.info("%s, %.1f s", summary, result["seconds"])
+    return summary
+
+
+def warm_cache(jobs: list[Job], cfg: TrainConfig, shared: Shared) -> None:
+    """Encode, before any model trains, every frozen-layer output the ``jobs`` will read.
+
+    One model per distinct frozen part (and label reading) fills the cache split by split,
+    in the order one run after another would. Every job then starts from a copy of this
+    cache, so a model's encodings never depend on which models ran before it, in the same
+    process or another: one worker or several train the same models.
+    """
+    models: dict[tuple, Any] = {}
+    for method in dict.fromkeys(job.method for job in jobs):
+        model_cfg = shared.configs[method]
+        model = build_model(model_cfg, shared.graph).to(shared.device)
+        key = (LowerCache.frozen_key(model.encoder) if model.encoder.split > 0 else None,
+               model.prior is not None and model.prior.config.text)
+        models.setdefault(key, model)
+    for split_dir in dict.fromkeys(job.split_dir for job in jobs):
+        for (frozen, _), model in models.items():
+            frozen_states(model, split_dir, cfg, shared.tokens,
+                          shared.cache if frozen is not None else None)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -235,7 +263,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     graph = load_graph(args.graph, args.features, args.relations) if uses_graph else None
     # summary.json is written atomically too: a kill during that write leaves its temporary.
     remove_stale_temporaries(args.out)
-    tokens, lower_cache = TokenCache(), LowerCache()
     t0 = time.perf_counter()
     settings = [Setting.parse(s) for s in cfg.per_setting] or [None]
     if not any(s is None or s.shots > 0 or registry.get(m).zero_shot
@@ -244,56 +271,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"nothing to train: train.per_setting {list(cfg.per_setting)} is zero-shot only, "
             f"and none of train.methods {list(cfg.methods)} has zero-shot models; add a "
             "setting with shots (e.g. 5w1s) or a zero-shot method (regrab)")
-    capped = comparison.schedule(cfg)
-    jobs = [Job(si, split_dir, method, j, setting,
-                args.out / split_dir.name / method if setting is None
-                else args.out / split_dir.name / method / setting.name,
-                capped if method in comparison.methods else cfg)
-            for si, split_dir in enumerate(split_dirs(args.splits, cfg.splits))
-            for method in (*cfg.methods, *(comparison.methods if comparison.runs_on(
-                split_dir.name) else ()))
-            for j, setting in enumerate(settings)
-            if setting is None or setting.shots > 0 or registry.get(method).zero_shot]
-    # Models to train now (the rest are finished with the same fingerprint and reused).
-    todo = [job for job in jobs if finished_summary(
-        job.out / MODEL_FILE, job.out / STATE_FILE,
-        run_fingerprint(job.split_dir, job.method, model_params, job.cfg, inputs, job.setting),
-    ) is None]
-    # CUDA does not survive a fork, and one process keeps a GPU busy: one worker there.
-    workers = max(1, min(cfg.workers if device == "cpu" else 1, len(todo)))
+    configs = {m: config_for_method(model_params, m) for m in (*cfg.methods,
+                                                               *comparison.methods)}
+    jobs = plan(split_dirs(args.splits, cfg.splits), args.out, cfg, comparison, configs,
+                inputs)
+    done = [reused(job) for job in jobs]
+    todo = [job for job, summary in zip(jobs, done, strict=True) if summary is None]
+    workers = usable_workers(cfg.workers, device, len(todo))
     log.info("%d models, %d to train, %d worker(s)", len(jobs), len(todo), workers)
+    shared = Shared(configs, graph, device, TokenCache(), LowerCache())
     if todo:
         t_warm = time.perf_counter()
-        warm_cache(todo, model_params, cfg, graph, device, tokens, lower_cache)
+        warm_cache(todo, cfg, shared)
         log.info("frozen layers encoded for %d split(s) in %.0f s",
                  len({job.split_dir for job in todo}), time.perf_counter() - t_warm)
-    _SHARED.update(model_params=model_params, inputs=inputs, graph=graph,
-                   device=device, tokens=tokens, cache=lower_cache)
-    trained: list[float] = []  # seconds of the models trained (not reused) so far
-    results: dict[int, dict[str, Any]] = {}
-
-    def done(i: int, result: tuple[dict[str, Any], bool, float]) -> None:
-        summary, was_trained, took = result
-        results[i] = summary
-        if was_trained:
-            trained.append(took)
-        log.info("%s", summary)
-        left = sum(1 for job in todo if jobs.index(job) not in results)
-        eta = left * (sum(trained) / len(trained) if trained else 0.0) / workers
-        log.info("model %d of %d done (%s/%s); %.0f s so far, about %.0f min left",
-                 len(results), len(jobs), jobs[i].split_dir.name, jobs[i].method,
-                 time.perf_counter() - t0, eta / 60)
-
-    try:
-        # Forked workers inherit the graph, the tokens and the warm cache; one torch thread
-        # each (threads) uses the cores better than one process with several. On a failure
-        # a model still training on another worker finishes (and is reused by the next run).
-        run_jobs(_run_job, jobs, workers, cfg.threads, done)
-    finally:
-        _SHARED.clear()
-    summaries = [results[i] for i in range(len(jobs))]
-    write_json({"seconds": round(time.perf_counter() - t0, 1), "models": summaries},
-               args.out / "summary.json")
+    # Forked workers inherit ``shared`` (graph, tokens, warm cache) through the closure; one
+    # torch thread each (threads) uses the cores better than one process with several. On a
+    # failure a model still training on another worker finishes (and is reused next run).
+    trained = iter(run_jobs(lambda job: train_one(job, shared), todo, workers=workers,
+                            threads=cfg.threads, describe=lambda job: job.name, log=log))
+    summaries = [summary if summary is not None else next(trained) for summary in done]
+    log.info("%d models in %.1f s", len(summaries), time.perf_counter() - t0)
+    write_json({"models": summaries}, args.out / "summary.json")
     return {"models": summaries}
 
 

@@ -35,6 +35,7 @@ from pipeline import report
 from pipeline.config import field, load_benchmarks, load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_paths, check_writable, read_fewshot
+from pipeline.sections import register_section
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,12 @@ log = logging.getLogger(__name__)
 class TransferSet:
     """One transfer set: a FEWSHOT_SCHEMA table made by ``prepare_fewshot``."""
 
-    data: str
-    title: str
+    data: str = field(doc="a FEWSHOT_SCHEMA table made by prepare_fewshot (e.g. "
+                          "data/fewshot/val_semeval.parquet)")
+    title: str = field(doc="the set's name in reports")
 
 
+@register_section("transfer")
 @dataclass(frozen=True)
 class TransferParams:
     """``params.yaml`` section ``transfer``.
@@ -59,11 +62,13 @@ class TransferParams:
         seed: seed of the per-relation cut.
     """
 
-    sets: dict[str, TransferSet]
-    per_relation: int = field(ge=0)
-    settings: tuple[str, ...]
-    episodes: int = field(ge=1)
-    seed: int
+    sets: dict[str, TransferSet] = field(doc="sets of relations and text no model trains on, each "
+                                             "scored against every benchmark's models")
+    per_relation: int = field(ge=0, doc="sentences kept per relation (0: all)")
+    settings: tuple[str, ...] = field(doc="{N}w{K}s settings scored")
+    episodes: int = field(ge=1, doc="episodes per setting and checkpoint split (intervals are "
+                                    "over splits)")
+    seed: int = field(doc="seed of the per-relation cut (a random choice of sentences)")
 
     def __post_init__(self) -> None:
         if not self.sets:

@@ -2,8 +2,9 @@
 
 Modules:
     config: the ``evaluate`` params section.
-    splits: scoring every method of a split on the same episodes.
-    scoring: accuracy, intervals and calibration from per-query scores.
+    splits: loading a split's models and scoring every method on the same episodes.
+    split_episodes: a split's episodes, drawn once, and one head's cells on them.
+    scoring: per-query scores, calibration and NOTA measures.
     calibration: the validation temperature.
     nota: "none of the above" episodes.
     transfer: scoring checkpoints on another domain (SemEval).

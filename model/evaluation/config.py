@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from model.episodes import Setting
 from model.methods import registry
-from pipeline.config import field
+from pipeline.config import field, register_section
 
 
+@register_section("evaluate")
 @dataclass(frozen=True)
 class EvalConfig:
     """``params.yaml`` section ``evaluate``.
@@ -43,24 +44,37 @@ class EvalConfig:
             from an empty cache, so the numbers are the same whatever the count.
     """
 
-    methods: tuple[str, ...]
-    settings: tuple[str, ...]
-    episodes: int = field(ge=1)
-    queries: int = field(ge=1)
-    seed: int
-    splits: tuple[str, ...]
-    floor: bool
-    batch_episodes: int = field(ge=1)
-    encode_batch: int = field(ge=1)
-    device: str
-    threads: int = field(ge=0)
-    calibration_bins: int = field(ge=1)
-    nota_rates: tuple[float, ...] = field(ge=0.0, lt=1.0)
-    nota_settings: tuple[str, ...]
-    nota_episodes: int = field(ge=1)
-    read_names: bool
-    temperature_episodes: int = field(ge=0)
-    workers: int = field(ge=1)
+    methods: tuple[str, ...] = field(doc="trained methods to evaluate (each needs "
+                                         "<models>/split_i/<method>/model.safetensors)")
+    settings: tuple[str, ...] = field(doc="{N}w{K}s settings scored; K = 0 is zero-shot (regrab "
+                                          "only)")
+    episodes: int = field(ge=1, doc="test episodes per setting and split")
+    queries: int = field(ge=1, doc="queries per way")
+    seed: int = field(doc="episode seed (the same episodes for every method)")
+    splits: tuple[str, ...] = field(doc="split folders to use (empty: every split with trained "
+                                        "models)")
+    floor: bool = field(doc="add the untrained frozen-encoder row")
+    batch_episodes: int = field(ge=1, doc="episodes per forward pass of a head")
+    encode_batch: int = field(ge=1, doc="sentences per encoder batch")
+    device: str = field(doc="auto (CUDA when present), cpu, cuda or cuda:N")
+    threads: int = field(ge=0, doc="torch intra-op threads per process (0 = torch's default)")
+    calibration_bins: int = field(ge=1, doc="equal-width confidence bins of the ECE and the "
+                                            "reliability diagram (Guo et al., 2017)")
+    nota_rates: tuple[float, ...] = field(ge=0.0, lt=1.0, doc="fractions of none-of-the-above "
+                                                              "queries (FewRel 2.0), each below "
+                                                              "1; empty: no NOTA episodes")
+    nota_settings: tuple[str, ...] = field(doc="settings (K >= 1) that get NOTA episodes")
+    nota_episodes: int = field(ge=1, doc="validation NOTA episodes per setting and split, on "
+                                         "which the thresholds are chosen")
+    read_names: bool = field(doc="a relation outside a REGRAB model's graph gets a prior read "
+                                 "from its name (false: the shared fallback vector)")
+    temperature_episodes: int = field(ge=0, doc="validation episodes per setting and split on "
+                                                "which each model gets a temperature (temperature "
+                                                "scaling); the reports show the ECE after it next "
+                                                "to the raw ECE; 0 turns it off")
+    workers: int = field(ge=1, doc="processes scoring at once (one per split, or per share of "
+                                   "methods), `threads` threads each; the numbers are the same "
+                                   "whatever the count")
 
     def __post_init__(self) -> None:
         if not self.settings:

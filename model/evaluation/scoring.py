@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from model.episodes import log_predictive_batches
+
 #: Label of a query whose relation is none of the episode's N ways (NOTA episodes).
 OUTSIDE = -1
 
@@ -81,8 +83,8 @@ def score_episodes(
 ) -> tuple[np.ndarray, EpisodeScores]:
     """Predictive log-probabilities of every query, computed from cached encodings.
 
-    Batches are drawn in order with one generator, as :func:`model.episodes.episode_accuracy`
-    does, so both give the same predictions for the same episodes and seed.
+    The batches come from :func:`model.episodes.log_predictive_batches`, the loop
+    :func:`model.episodes.episode_accuracy` runs too.
 
     Args:
         head: a REGRAB or baseline head in eval mode.
@@ -99,16 +101,8 @@ def score_episodes(
         encodings: (n, D), relation: (B, N), support: (B, N, K), query: (B, Q),
         label: (B, Q) -> log-probabilities (B, Q, N) and scores of (B, Q)
     """
-    dev = encodings.device
-    states = head.prior_states()
-    parts = []
-    for start in range(0, len(relation), batch_size):
-        stop = start + batch_size
-        sup = encodings[torch.from_numpy(support[start:stop]).to(dev)]  # (B, N, K, D)
-        qry = encodings[torch.from_numpy(query[start:stop]).to(dev)]  # (B, Q, D)
-        rows = relation_rows.to(dev)[torch.from_numpy(relation[start:stop]).to(dev)]  # (B, N)
-        h = head.prior_means(states, rows)
-        parts.append(head.log_predictive(sup, qry, h, generator).float().cpu().numpy())
+    parts = [log_p.float().cpu().numpy() for log_p in log_predictive_batches(
+        head, encodings, relation, support, query, relation_rows, batch_size, generator)]
     log_p = np.concatenate(parts) if parts else np.zeros((0, query.shape[1], relation.shape[1]))
     return log_p, scores_from_log_probs(log_p, label)
 

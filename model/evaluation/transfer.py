@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -27,20 +26,14 @@ import torch
 
 from model.encoder.frozen_cache import LowerCache
 from model.episodes import Setting
-from model.evaluation.splits import (
-    FLOOR,
-    EvalConfig,
-    SplitEpisodes,
-    evaluate_episodes,
-    merge_shares,
-    method_shares,
-    scoring_workers,
-)
-from model.files.checkpoint import MODEL_FILE, model_file, read_payload
+from model.evaluation.config import EvalConfig
+from model.evaluation.split_episodes import SplitEpisodes
+from model.evaluation.splits import FLOOR, evaluate_episodes, merge_shares, method_shares
+from model.files.checkpoint import MODEL_FILE, model_file, read_checkpoint
 from model.methods import registry
 from pipeline import report
 from pipeline.errors import PipelineError
-from pipeline.workers import run_jobs
+from pipeline.workers import run_jobs, usable_workers
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +112,7 @@ def vs_floor(per_split: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
             result[key][s] = {
                 "diff": float(np.mean(means)),
                 "ci95": between["ci95"] if len(means) > 1 else None,
-                "episode_ci95": float(1.96 * pooled.std(ddof=1) / np.sqrt(len(pooled))),
+                "episode_ci95": report.normal_ci95(pooled),
                 "per_split": dict(zip(by_split, means, strict=True))}
     return result
 
@@ -170,10 +163,10 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
     encoders = set()
     for paths in found.values():
         for path in paths.values():
-            payload = read_payload(path)
+            checkpoint = read_checkpoint(path)
             for part in ("train", "val"):
-                trained |= set((payload.get("relations") or {}).get(part, []))
-            encoders.add(payload["config"]["encoder"]["name"])
+                trained |= set((checkpoint.relations or {}).get(part, []))
+            encoders.add(checkpoint.config.encoder.name)
     if len(encoders) > 1:
         raise PipelineError(f"the checkpoints under {models} use different encoders "
                             f"{sorted(encoders)}; score one benchmark's models at a time")
@@ -187,29 +180,23 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
             f"{'' if keep_trained else ', not trained on'}), fewer than the ways of "
             f"{too_many}; lower N in --settings" + ("" if keep_trained else
                                                     " or pass --keep-trained"))
-    workers = scoring_workers(workers, device)
     shares = [_Share(split, i, part) for i, split in enumerate(found)
-              for part in method_shares(cfg, cfg.methods, len(found), workers)]
-    workers = max(1, min(workers, len(shares)))
+              for part in method_shares(cfg, cfg.methods, len(found),
+                                        usable_workers(workers, device))]
+    workers = usable_workers(workers, device, len(shares))
     # One process shares one frozen-layer cache between splits (the same sentences); forked
     # workers each fill their own.
     score = functools.partial(_score_share, table=table, models=models, device=device,
                               cache=LowerCache() if workers == 1 else None)
-    results: dict[int, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
-    t0 = time.perf_counter()
-
-    def done(i: int, result: tuple[dict[str, Any], dict[str, Any], dict[str, Any]]) -> None:
-        results[i] = result
-        log.info("%s: %s scored (%d of %d, %.0f s so far)", shares[i].split,
-                 ", ".join(shares[i].cfg.methods) or FLOOR, len(results), len(shares),
-                 time.perf_counter() - t0)
-
-    run_jobs(score, shares, workers, cfg.threads, done)
-    per_split, nota = merge_shares((share.split, cfg.methods, *results[i][:2])
-                                   for i, share in enumerate(shares))
+    results = run_jobs(score, shares, workers=workers, threads=cfg.threads, log=log,
+                       cost=lambda share: len(share.cfg.methods),
+                       describe=lambda share: f"{share.split}: "
+                                              + (", ".join(share.cfg.methods) or FLOOR))
+    per_split, nota = merge_shares((share.split, cfg.methods, *result[:2])
+                                   for share, result in zip(shares, results, strict=True))
     priors: dict[str, dict[str, int]] = {}
-    for i in range(len(shares)):
-        for method, counts in results[i][2].items():
+    for result in results:
+        for method, counts in result[2].items():
             total = priors.setdefault(method, dict.fromkeys(counts, 0))
             for kind, n in counts.items():
                 total[kind] += n

@@ -15,9 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model.config import RegrabConfig
 from model.episodes import Setting
 from model.methods import registry
-from pipeline.config import field, load_benchmarks, load_params, load_section, parse_section
+from pipeline.config import (
+    field,
+    load_benchmarks,
+    load_params,
+    load_section,
+    parse_section,
+    register_section,
+)
 from pipeline.errors import PipelineError
 
 #: ``train`` settings that do not change the trained model (left out of the fingerprint).
@@ -25,6 +33,7 @@ NOT_IN_FINGERPRINT = ("methods", "splits", "per_setting", "checkpoint_every", "d
                       "threads", "workers")
 
 
+@register_section("train")
 @dataclass(frozen=True)
 class TrainConfig:
     """``params.yaml`` section ``train`` (read by stages/train.py).
@@ -56,7 +65,7 @@ class TrainConfig:
         dvclive: log curves with dvclive under ``{out}/split_i/{method}/dvclive``.
         evidence_weight: weight of REGRAB's empirical-Bayes term, minus the log marginal
             likelihood of the episode's labelled sentences per dimension (gaussian
-            likelihood only; see :func:`model.posterior.langevin.log_evidence`); 0 turns it off.
+            likelihood only; see :func:`model.posterior.target.log_evidence`); 0 turns it off.
         threads: torch intra-op threads (0 = torch default). On our shared 2-core machine
             two OpenMP threads made every small op wait for a busy core: a cached-encoding
             step took 0.95 s with 2 threads and 0.06 s with 1 (benchmarks/bench_train.py).
@@ -68,32 +77,55 @@ class TrainConfig:
             itself goes on from the unmixed weights. 1 keeps the trained encoder as it is.
     """
 
-    methods: tuple[str, ...]
-    splits: tuple[str, ...]
-    per_setting: tuple[str, ...]
-    steps: int = field(ge=1)
-    ways: tuple[int, ...] = field(ge=2)
-    shots: tuple[int, ...] = field(ge=0)
-    zero_shot_rate: float = field(ge=0, le=1)
-    queries: int = field(ge=1)
-    lr_encoder: float = field(ge=0)
-    lr_head: float = field(ge=0)
-    lr_scales: float = field(ge=0)
-    weight_decay: float = field(ge=0)
-    warmup: float = field(ge=0, le=1)
-    max_grad_norm: float = field(gt=0)
-    val_every: int = field(ge=1)
-    val_episodes: int = field(ge=1)
-    val_settings: tuple[str, ...]
-    checkpoint_every: int = field(ge=1)
-    seed: int
-    device: str
-    encode_batch: int = field(ge=1)
-    dvclive: bool
-    evidence_weight: float = field(ge=0)
-    threads: int = field(ge=0)
-    workers: int = field(ge=1)
-    wise_ft: float = field(gt=0, le=1)
+    methods: tuple[str, ...] = field(doc="methods to train (names in model/methods/registry.py); "
+                                         "the paper's other methods train in the comparison "
+                                         "section")
+    splits: tuple[str, ...] = field(doc="split folders to train on (empty: every split_* found)")
+    per_setting: tuple[str, ...] = field(doc="the paper's protocol: one model per listed setting "
+                                             "(e.g. [5w1s, 5w5s]) in {method}/{setting}/, trained "
+                                             "on that N and K only (K = 0: regrab only); empty: "
+                                             "one model per method on mixed N and K")
+    steps: int = field(ge=1, doc="optimisation steps (one episode each) per split and method")
+    ways: tuple[int, ...] = field(ge=2, doc="N of each step's episode, drawn uniformly; values "
+                                            "above a benchmark's training relations are skipped")
+    shots: tuple[int, ...] = field(ge=0, doc="K of each step's episode, drawn uniformly (one "
+                                             "model covers every K)")
+    zero_shot_rate: float = field(ge=0, le=1, doc="probability of a K = 0 episode for regrab (it "
+                                                  "trains the prior directly)")
+    queries: int = field(ge=1, doc="queries per way (Q/N) of each training episode")
+    lr_encoder: float = field(ge=0, doc="AdamW learning rate of the trained encoder layers")
+    lr_head: float = field(ge=0, doc="AdamW learning rate of the head (GCN prior, fallback "
+                                     "vector)")
+    lr_scales: float = field(ge=0, doc="AdamW learning rate of REGRAB's learned log lambda and "
+                                       "log sigma^2 (no decay)")
+    weight_decay: float = field(ge=0, doc="AdamW weight decay")
+    warmup: float = field(ge=0, le=1, doc="fraction of steps with a linear warm-up, then a linear "
+                                          "decay to 0")
+    max_grad_norm: float = field(gt=0, doc="gradients are clipped to this norm")
+    val_every: int = field(ge=1, doc="validate (and keep the best model) every this many steps "
+                                     "and at the end")
+    val_episodes: int = field(ge=1, doc="episodes per validation setting (fixed, seeded)")
+    val_settings: tuple[str, ...] = field(doc="settings ({N}w{K}s) validated on the validation "
+                                              "relations")
+    checkpoint_every: int = field(ge=1, doc="write state.safetensors (the resume point) every "
+                                            "this many steps")
+    seed: int = field(doc="seed of episodes, initialisation, dropout and Langevin noise")
+    device: str = field(doc="auto (CUDA when present), cpu, cuda or cuda:N")
+    encode_batch: int = field(ge=1, doc="sentences per batch when encoding a whole split")
+    dvclive: bool = field(doc="log training curves with dvclive under "
+                              "{out}/split_i/{method}/dvclive")
+    evidence_weight: float = field(ge=0, doc="weight of REGRAB's empirical-Bayes term (minus the "
+                                             "log marginal likelihood of the episode's labelled "
+                                             "sentences per dimension; gaussian likelihood only); "
+                                             "0 turns it off")
+    threads: int = field(ge=0, doc="torch intra-op threads per process (0 = torch's default); 1 "
+                                   "beat 2 on a shared 2-core machine")
+    workers: int = field(ge=1, doc="models trained at once, one process each with `threads` "
+                                   "threads; the models are the same whatever the number")
+    wise_ft: float = field(gt=0, le=1, doc="weight of the trained encoder in the model that is "
+                                           "validated and saved, the rest being the pre-trained "
+                                           "weights (WiSE-FT); 1 keeps the trained encoder as it "
+                                           "is")
 
     def __post_init__(self) -> None:
         for s in (*self.val_settings, *self.per_setting):
@@ -110,11 +142,12 @@ class TrainConfig:
                                    zero_shot_rate=1.0 if setting.shots == 0 else 0.0)
 
 
-def fingerprint(model_config: Any, sched: TrainConfig, inputs: dict[str, str]) -> dict[str, Any]:
+def fingerprint(model_config: RegrabConfig, sched: TrainConfig, inputs: dict[str, str]
+                ) -> dict[str, Any]:
     """What a trained model depends on: compared on resume and before retraining.
 
     Args:
-        model_config: the method's :class:`model.files.checkpoint.RegrabConfig`.
+        model_config: the method's :class:`model.config.RegrabConfig`.
         sched: this run's schedule (:meth:`TrainConfig.schedule`: one setting's N and K
             under the paper's protocol).
         inputs: digests of the files it learns from (graph, features, labels, split).
@@ -123,6 +156,7 @@ def fingerprint(model_config: Any, sched: TrainConfig, inputs: dict[str, str]) -
     return {"model": model_config.to_dict(), "train": train, "inputs": dict(sorted(inputs.items()))}
 
 
+@register_section("comparison")
 @dataclass(frozen=True)
 class ComparisonConfig:
     """``params.yaml`` section ``comparison``: the paper's other methods at a smaller budget.
@@ -144,10 +178,17 @@ class ComparisonConfig:
             pair of ways, so their cost grows with N squared.
     """
 
-    methods: tuple[str, ...]
-    splits: tuple[str, ...]
-    episodes: int = field(ge=1)
-    max_ways: int = field(ge=0)
+    methods: tuple[str, ...] = field(doc="the paper's other methods (registry names), trained and "
+                                         "scored beside train.methods and evaluate.methods; "
+                                         "empty: no comparison")
+    splits: tuple[str, ...] = field(doc="split folders they run on (FewRel has split_0 only); "
+                                        "empty: every split")
+    episodes: int = field(ge=1, doc="test episodes per setting and split they are scored on: the "
+                                    "first this many of those every method sees (and at most as "
+                                    "many NOTA and temperature episodes)")
+    max_ways: int = field(ge=0, doc="train.ways above this are not drawn for them (0: every one): "
+                                    "GNN and the pair classifier score every pair of ways, N^2 in "
+                                    "cost")
 
     def __post_init__(self) -> None:
         registry.check(self.methods, "comparison.methods")

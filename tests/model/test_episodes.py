@@ -7,9 +7,10 @@ from model.episodes import (
     Setting,
     episode_accuracy,
     gather_episodes,
+    log_predictive_batches,
     mean_ci95,
 )
-from model.methods.proto import PrototypeHead
+from model.methods.base import PrototypeHead
 from pipeline.errors import PipelineError
 
 
@@ -64,7 +65,39 @@ def test_gather_and_accuracy_on_separable_encodings(similarity):
     assert episode_accuracy(head, shuffled, ep, torch.full((4,), -1)).mean() < 0.9
 
 
+def test_the_episode_loop_batches_in_order():
+    """One forward pass per ``batch_size`` episodes, in order: the batches put together are
+    the whole set's log-predictive."""
+    s = _sampler(per=6, rels=4)
+    enc = torch.randn(24, 4, generator=torch.Generator().manual_seed(2))
+    ep = s.sample(np.random.default_rng(1), 3, 1, 2, 20)
+    head = PrototypeHead("euclidean", temperature=1.0).eval()
+    args = (head, enc, ep.relation, ep.support, ep.query.reshape(20, 6), torch.full((4,), -1))
+    with torch.no_grad():
+        parts = list(log_predictive_batches(*args, batch_size=7))
+        whole = next(log_predictive_batches(*args, batch_size=20))
+    assert [p.shape[0] for p in parts] == [7, 7, 6]
+    assert torch.allclose(torch.cat(parts), whole, atol=1e-6)
+
+
 def test_mean_ci95():
     mean, ci = mean_ci95(np.array([0.0, 1.0] * 50))
     assert mean == pytest.approx(50.0)
     assert ci == pytest.approx(1.96 * np.std([0.0, 1.0] * 50, ddof=1) / 10 * 100)
+    assert np.isnan(mean_ci95(np.array([1.0]))[1])  # no interval from one episode
+
+
+def test_one_normal_interval_behind_every_episode_interval():
+    """mean_ci95, the pooled interval of the report and the paired episode interval of
+    transfer are the one helper, to the bit."""
+    from model.evaluation.transfer import vs_floor
+    from pipeline.report import normal_ci95, pooled_ci95
+
+    a, b = np.array([0.2, 0.6, 1.0]), np.array([0.4, 0.4])
+    assert normal_ci95(np.concatenate([a, b])) == pytest.approx(
+        1.96 * np.concatenate([a, b]).std(ddof=1) / np.sqrt(5))
+    assert mean_ci95(a)[1] == normal_ci95(a) * 100
+    assert pooled_ci95([a, b]) == normal_ci95(np.concatenate([a, b])) * 100
+    cells = {"split_0": {"regrab": {"2w1s": {"episodes": a}},
+                         "floor": {"2w1s": {"episodes": np.zeros(3)}}}}
+    assert vs_floor(cells)["regrab_minus_floor"]["2w1s"]["episode_ci95"] == normal_ci95(a * 100)

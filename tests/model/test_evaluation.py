@@ -1,19 +1,23 @@
-"""Tests for model/evaluation/splits.py without trained models:
+"""Tests for model/evaluation/splits.py and split_episodes.py without trained models:
 episodes, NOTA keys, the split check.
 
 Scoring trained models is tested through the stage (tests/stages/test_evaluate.py) and
 ``regrab-score`` (tests/cli/test_score.py).
 """
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from model.evaluation.splits import EvalConfig, SplitEpisodes, check_trained_on, nota_key
+from model.evaluation.config import EvalConfig
+from model.evaluation.split_episodes import SplitEpisodes, nota_key
+from model.evaluation.splits import check_trained_on
+from model.files.checkpoint import Checkpoint
 from pipeline.errors import PipelineError
 from pipeline.io import read_fewshot
-from tests.conftest import section_config
+from tests.conftest import model_config, section_config
 from tests.model.tiny_regrab import toy_splits
 
 
@@ -61,12 +65,13 @@ def test_nota_needs_validation_sentences(tmp_path):
 
 def test_check_trained_on_refuses_another_split():
     split, path = Path("splits/split_0"), Path("models/split_0/proto/model.safetensors")
-    payload = {"params": {"inputs": {"train": "a", "val": "b"}},
-               "relations": {"train": ["P1"], "val": ["P2"]}}
-    check_trained_on(payload, split, {"train": "a", "val": "b"}, path, ["P6"])
+    bare = Checkpoint(model_config("proto"), None, {})
+    trained = dataclasses.replace(bare, params={"inputs": {"train": "a", "val": "b"}},
+                                  relations={"train": ["P1"], "val": ["P2"]})
+    check_trained_on(trained, split, {"train": "a", "val": "b"}, path, ["P6"])
     with pytest.raises(PipelineError, match="trained on another split"):
-        check_trained_on(payload, split, {"train": "a", "val": "c"}, path, ["P6"])
+        check_trained_on(trained, split, {"train": "a", "val": "c"}, path, ["P6"])
     with pytest.raises(PipelineError, match="records no digest"):
-        check_trained_on({}, split, {"train": "a"}, path, ["P6"])
+        check_trained_on(bare, split, {"train": "a"}, path, ["P6"])
     with pytest.raises(PipelineError, match=r"holds relations \['P2'\]"):
-        check_trained_on(payload, split, {"train": "a", "val": "b"}, path, ["P2", "P6"])
+        check_trained_on(trained, split, {"train": "a", "val": "b"}, path, ["P2", "P6"])

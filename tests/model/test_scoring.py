@@ -21,9 +21,9 @@ from model.evaluation.scoring import (
     scores_from_log_probs,
     selective_accuracy,
 )
-from model.files.checkpoint import build_head
-from model.methods.proto import PrototypeHead
-from model.prior.gcn import RelationGraph
+from model.methods.base import PrototypeHead
+from model.methods.registry import build_head
+from model.prior.graph import RelationGraph
 from tests.conftest import model_config
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 import yaml
 
-from model.files.checkpoint import read_payload
+from model.files.checkpoint import read_checkpoint
 from pipeline.errors import PipelineError
 from pipeline.io import file_digest
 from stages import train
@@ -66,7 +66,7 @@ def _run(inputs, out, **kw):
 
 
 def _weights(path):
-    return read_payload(path)["state"]
+    return read_checkpoint(path).state
 
 
 def test_seeded_runs_repeat_and_skip_when_done(inputs, tmp_path):
@@ -78,14 +78,18 @@ def test_seeded_runs_repeat_and_skip_when_done(inputs, tmp_path):
     )
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert not (tmp_path / "a/split_0/regrab/state.safetensors").exists()
-    payload = read_payload(tmp_path / "a/split_0/regrab/model.safetensors")
-    assert payload["done"] and payload["params"]["train"]["steps"] == 4
+    best = read_checkpoint(tmp_path / "a/split_0/regrab/model.safetensors")
+    assert best.done and best.params["train"]["steps"] == 4
     # The kept model is the best validation point of the history, and says so.
-    val = [h["val_acc"] for h in payload["history"] if "val_acc" in h]
-    assert len(val) == 2 and a["models"][0]["best_val_acc"] == max(val) == payload["val_acc"]
-    assert payload["step"] == 2 * (val.index(max(val)) + 1)
+    val = [h["val_acc"] for h in best.history if "val_acc" in h]
+    assert len(val) == 2 and a["models"][0]["best_val_acc"] == max(val) == best.val_acc
+    assert best.step == 2 * (val.index(max(val)) + 1)
     again = _run(inputs, tmp_path / "a")  # same params: the finished model is kept
     assert again["models"][0] == a["models"][0]
+    # No wall-clock time in the outputs: two runs write the same files, byte for byte.
+    assert "seconds" not in best.summary
+    for name in ("summary.json", "split_0/regrab/model.safetensors"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
 def test_two_workers_train_the_same_models_as_one(inputs, tmp_path, caplog):
@@ -98,8 +102,7 @@ def test_two_workers_train_the_same_models_as_one(inputs, tmp_path, caplog):
     assert "3 models, 3 to train, 2 worker(s)" in caplog.text
     assert [m["method"] for m in two["models"]] == methods
     for a, b in zip(one["models"], two["models"], strict=True):
-        assert {k: v for k, v in a.items() if k != "seconds"} == \
-            {k: v for k, v in b.items() if k != "seconds"}
+        assert a == b
     for method in methods:
         wa = _weights(tmp_path / f"one/split_0/{method}/model.safetensors")
         wb = _weights(tmp_path / f"two/split_0/{method}/model.safetensors")
@@ -123,8 +126,8 @@ def test_resume_after_kill_continues_from_saved_step(inputs, tmp_path, monkeypat
     monkeypatch.setattr(train, "train_one", killed)
     with pytest.raises(KeyboardInterrupt):
         _run(inputs, tmp_path / "killed")
-    state = read_payload(tmp_path / "killed/split_0/regrab/state.safetensors")
-    assert state["step"] == 2
+    state = read_checkpoint(tmp_path / "killed/split_0/regrab/state.safetensors")
+    assert state.step == 2 and state.resume is not None
     monkeypatch.setattr(train, "train_one", lambda *a, **k: original(*a, **k, on_step=seen.append))
     _run(inputs, tmp_path / "killed")
     assert seen == [1, 2, 3, 4]  # resumed at step 3, not from scratch
@@ -190,8 +193,8 @@ def test_finished_model_is_retrained_when_the_graph_changes(inputs, tmp_path, ca
                     str(features), "--relations", str(labels_of(graph)),
                     "--out", str(tmp_path / "m"), "--params", str(p)])
     assert "skipped" not in caplog.text
-    payload = read_payload(tmp_path / "m/split_0/regrab/model.safetensors")
-    assert payload["params"]["inputs"]["graph"] == file_digest(changed)
+    best = read_checkpoint(tmp_path / "m/split_0/regrab/model.safetensors")
+    assert best.params["inputs"]["graph"] == file_digest(changed)
 
 
 def test_label_prior_is_saved_and_needs_the_relations_table(inputs, tmp_path):
@@ -237,22 +240,21 @@ def test_wise_ft_saves_the_mix_of_trained_and_pretrained_encoder(inputs, tmp_pat
     """With ``wise_ft`` the saved encoder is alpha * trained + (1 - alpha) * pre-trained, and
     training itself is not changed by the mixing at validation."""
     from model.encoder.sentence import SentenceEncoder
-    from model.files.checkpoint import RegrabConfig
 
     kw = {"val_every": 4, "steps": 4, "methods": ["proto"]}  # one validation: same best step
     _run(inputs, tmp_path / "plain", wise_ft=1.0, **kw)
     _run(inputs, tmp_path / "mixed", wise_ft=0.25, **kw)
-    plain = read_payload(tmp_path / "plain/split_0/proto/model.safetensors")
-    mixed = read_payload(tmp_path / "mixed/split_0/proto/model.safetensors")
-    assert plain["step"] == mixed["step"] == 4
-    pre = SentenceEncoder.from_config(RegrabConfig.from_dict(plain["config"]).encoder)
+    plain = read_checkpoint(tmp_path / "plain/split_0/proto/model.safetensors")
+    mixed = read_checkpoint(tmp_path / "mixed/split_0/proto/model.safetensors")
+    assert plain.step == mixed.step == 4
+    pre = SentenceEncoder.from_config(plain.config.encoder)
     pre = pre.state_dict()
-    names = [k for k in plain["state"] if k.startswith("encoder.")]
+    names = [k for k in plain.state if k.startswith("encoder.")]
     assert names
     moved = 0
     for k in names:
-        w0, w1 = pre[k[len("encoder."):]], plain["state"][k]
-        assert torch.allclose(mixed["state"][k], 0.25 * w1 + 0.75 * w0, atol=1e-6), k
+        w0, w1 = pre[k[len("encoder."):]], plain.state[k]
+        assert torch.allclose(mixed.state[k], 0.25 * w1 + 0.75 * w0, atol=1e-6), k
         moved += not torch.allclose(w1, w0)
     assert moved  # training did change the encoder, so the mix is not trivially equal
 
@@ -260,12 +262,16 @@ def test_wise_ft_saves_the_mix_of_trained_and_pretrained_encoder(inputs, tmp_pat
 def test_progress_counts_models_and_estimates_what_is_left(inputs, tmp_path, caplog):
     caplog.set_level("INFO", logger="stages.train")
     _run(inputs, tmp_path / "p", methods=["proto", "mtb"], steps=2, val_every=2)
-    lines = [r.getMessage() for r in caplog.records if " of 2 done" in r.getMessage()]
-    assert [ln.split(" done")[0] for ln in lines] == ["model 1 of 2", "model 2 of 2"]
-    assert "about" in lines[0] and lines[-1].endswith("about 0 min left")
+    lines = [r.getMessage() for r in caplog.records if " done in " in r.getMessage()]
+    assert [ln.split(" done")[0] for ln in lines] == ["split_0/proto", "split_0/mtb"]
+    assert "(1 of 2, " in lines[0] and "min left" in lines[0]
+    assert "(2 of 2, " in lines[1] and lines[-1].endswith("about 0 min left)")
     caplog.clear()
     _run(inputs, tmp_path / "p", methods=["proto", "mtb"], steps=2, val_every=2)  # reused
-    assert sum(" of 2 done" in r.getMessage() for r in caplog.records) == 2
+    messages = [r.getMessage() for r in caplog.records]
+    assert "2 models, 0 to train, 1 worker(s)" in messages
+    assert sum("finished model with the same params, skipped" in m for m in messages) == 2
+    assert not any(" done in " in m for m in messages)
 
 
 def test_ways_above_the_training_relations_are_skipped_and_said(inputs, tmp_path, caplog):
@@ -296,16 +302,16 @@ def test_comparison_trains_on_episodes_of_at_most_max_ways(inputs, tmp_path):
     params = yaml.safe_load(_params(root, enc, methods=["regrab"], ways=[2, 3]).read_text())
     params["comparison"] = {"methods": ["proto"], "splits": [], "episodes": 5, "max_ways": 2}
     _run_with(inputs, tmp_path / "capped", params)
-    capped = read_payload(tmp_path / "capped/split_0/proto/model.safetensors")
-    assert tuple(capped["params"]["train"]["ways"]) == (2,)
-    regrab = read_payload(tmp_path / "capped/split_0/regrab/model.safetensors")
-    assert tuple(regrab["params"]["train"]["ways"]) == (2, 3)
+    capped = read_checkpoint(tmp_path / "capped/split_0/proto/model.safetensors")
+    assert tuple(capped.params["train"]["ways"]) == (2,)
+    regrab = read_checkpoint(tmp_path / "capped/split_0/regrab/model.safetensors")
+    assert tuple(regrab.params["train"]["ways"]) == (2, 3)
     alone = dict(params, comparison={**params["comparison"], "methods": []})
     alone["train"] = {**params["train"], "methods": ["proto"], "ways": [2]}
     _run_with(inputs, tmp_path / "alone", alone)
     a = _weights(tmp_path / "alone/split_0/proto/model.safetensors")
-    assert a.keys() == capped["state"].keys()
-    assert all(torch.equal(a[k], capped["state"][k]) for k in a)
+    assert a.keys() == capped.state.keys()
+    assert all(torch.equal(a[k], capped.state[k]) for k in a)
     params["comparison"]["max_ways"] = 1
     with pytest.raises(PipelineError, match=r"comparison.max_ways 1 is below every train.ways"):
         _run_with(inputs, tmp_path / "none", params)
@@ -329,13 +335,13 @@ def test_a_benchmark_trains_with_its_own_train_keys(inputs, tmp_path):
 
     run(tmp_path / "toy", "toy")
     run(tmp_path / "plain", "plain")
-    toy = read_payload(tmp_path / "toy/split_0/regrab/model.safetensors")
-    plain = read_payload(tmp_path / "plain/split_0/regrab/model.safetensors")
-    assert toy["params"]["train"]["steps"] == 2 and plain["params"]["train"]["steps"] == 4
+    toy = read_checkpoint(tmp_path / "toy/split_0/regrab/model.safetensors")
+    plain = read_checkpoint(tmp_path / "plain/split_0/regrab/model.safetensors")
+    assert toy.params["train"]["steps"] == 2 and plain.params["train"]["steps"] == 4
     short = _run(inputs, tmp_path / "short", steps=2)["models"][0]
     want = _weights(tmp_path / "short/split_0/regrab/model.safetensors")
     assert short["steps"] == 2
-    assert all(torch.equal(want[k], toy["state"][k]) for k in want)
+    assert all(torch.equal(want[k], toy.state[k]) for k in want)
     with pytest.raises(PipelineError, match=r"benchmark 'nyt25' is not in .* \['plain', 'toy'\]"):
         run(tmp_path / "none", "nyt25")
     params["benchmarks"]["toy"]["train"] = {"stepz": 2}
@@ -346,3 +352,34 @@ def test_a_benchmark_trains_with_its_own_train_keys(inputs, tmp_path):
     path.write_text(yaml.safe_dump(params))
     with pytest.raises(PipelineError, match=r"benchmarks.toy.train\).steps = 'many'"):
         run(tmp_path / "bad", "toy")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failing_model_fails_the_stage_with_one_line(inputs, tmp_path, monkeypatch, capsys,
+                                                       workers):
+    """One model's error ends the stage with one line naming it, forked or not; the other
+    model (already running, or trained before it) is finished and kept."""
+    from pipeline.errors import run_cli
+
+    original = train.train_one
+
+    def broken(job, shared, **kw):
+        if job.method == "proto":
+            raise PipelineError("no room for prototypes")
+        return original(job, shared, **kw)
+
+    monkeypatch.setattr(train, "train_one", broken)  # forked workers inherit it
+    root, enc, splits, graph, features = inputs
+    p = _params(root, enc, methods=["regrab", "proto"], workers=workers)
+    argv = ["--splits", str(splits), "--graph", str(graph), "--features", str(features),
+            "--relations", str(labels_of(graph)), "--out", str(tmp_path / "m"),
+            "--params", str(p)]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(train.main, argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "error: split_0/proto: no room for prototypes"
+    assert (tmp_path / "m/split_0/regrab/model.safetensors").is_file()
+    assert not (tmp_path / "m/split_0/regrab/state.safetensors").exists()  # finished
+    assert not (tmp_path / "m/summary.json").exists()
