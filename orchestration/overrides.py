@@ -128,6 +128,7 @@ def check_sections(params: dict[str, Any], new: dict[str, Any]) -> None:
     Raises:
         PipelineError: an override that the stage would refuse (``train.steps=abc``).
     """
+    import stages  # noqa: F401  (declares each section's owner, so its schema can load)
     from pipeline.config import check_section
 
     after = copy.deepcopy(params)

@@ -1,1 +1,2 @@
-"""Shared plumbing for the REGRAB pipeline: config, Parquet I/O, schemas, Wikidata, report."""
+"""Shared plumbing for the REGRAB pipeline: config and its sections, Parquet I/O, schemas,
+Wikidata, report."""

@@ -13,13 +13,16 @@ expected:
 
 PyYAML follows YAML 1.1 and reads ``2e-4`` (no dot) as a string; a float field accepts such
 a string when it parses as a number, so ``lr: 2e-4`` works as a user expects.
+
+Which sections exist is :mod:`pipeline.sections`' registry, filled from above. Each field
+carries its help (``field(doc=...)``), the source of ``docs/configuration.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
+import operator
 import os
 import re
 import types
@@ -32,6 +35,7 @@ from typing import Any, Literal, TypeVar, Union
 import yaml
 
 from pipeline.errors import PipelineError
+from pipeline.sections import get_section, known_sections, register_section
 
 #: Environment variable naming a local folder laid out like ``shared/data``.
 MIRROR_ENV = "REGRAB_DATA_MIRROR"
@@ -40,13 +44,17 @@ T = TypeVar("T")
 
 
 def field(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
-          lt: float | None = None, doc: str = "") -> Any:
-    """A dataclass field with numeric limits checked by :func:`parse_section`.
+          lt: float | None = None, doc: str = "", default: Any = dataclasses.MISSING,
+          default_factory: Any = dataclasses.MISSING) -> Any:
+    """A schema field: its help text, and numeric limits checked by :func:`parse_section`.
 
-    No default on purpose: params.yaml holds every value.
+    ``doc`` is the key's help, from which ``docs/configuration.md`` is generated; every field
+    of a params schema has one (a test checks). Leave the default out where you can:
+    params.yaml holds every value, and a default could drift from it.
     """
     limits = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
-    return dataclasses.field(metadata={"limits": limits, "doc": doc})
+    return dataclasses.field(default=default, default_factory=default_factory,
+                             metadata={"limits": limits, "doc": doc})
 
 
 def load_params(path: str | os.PathLike[str] = "params.yaml", section: str | None = None) -> Any:
@@ -73,14 +81,17 @@ def load_params(path: str | os.PathLike[str] = "params.yaml", section: str | Non
 def load_section(cls: type[T], section: str, path: str | os.PathLike[str] = "params.yaml") -> T:
     """Read ``section`` of a params file and validate it into ``cls``.
 
-    The file's top-level sections are checked too: one that no stage reads (a misspelt
-    ``evalute:``) is refused here, when a stage starts, not silently ignored.
+    The file's top-level sections are checked too, against the catalog of sections declared
+    from above (:func:`pipeline.sections.declare_sections`; every stage process declares it):
+    one that nothing reads (a misspelt ``evalute:``) is refused here, when a stage starts,
+    not silently ignored. Without a catalog only ``section`` itself is checked.
     """
     params = load_params(path)
-    unknown = sorted(set(params) - set(SECTIONS))
+    known = known_sections()
+    unknown = sorted(set(params) - known) if known is not None else []
     if unknown:
         raise PipelineError(f"{path} has unknown section(s) {unknown}; the sections are "
-                            f"{sorted(SECTIONS)}")
+                            f"{sorted(known)}")
     if section not in params:
         raise PipelineError(f"{path} has no section '{section}'; add it (see the README)")
     return parse_section(cls, params[section], section)
@@ -92,7 +103,7 @@ def parse_section(cls: type[T], raw: Any, where: str) -> T:
     Args:
         cls: a dataclass whose fields (possibly nested dataclasses) are the schema.
         raw: the section as read from YAML.
-        where: dotted name used in messages, e.g. ``train`` or ``model.langevin``.
+        where: dotted name used in messages, e.g. ``train`` or ``train_transe.model``.
 
     Raises:
         PipelineError: one line naming the key, the value and what is expected.
@@ -183,20 +194,23 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise TypeError(f"parse_section cannot check annotation {tp!r} of {key}")
 
 
+#: Each limit :func:`field` takes: how messages and docs write it, and its test.
+LIMITS = {"ge": (">=", operator.ge), "gt": (">", operator.gt),
+          "le": ("<=", operator.le), "lt": ("<", operator.lt)}
+
+
+def describe_limits(limits: Mapping[str, float]) -> str:
+    """``{"ge": 0, "lt": 1}`` -> ``>= 0 and < 1``."""
+    return " and ".join(f"{LIMITS[op][0]} {bound}" for op, bound in limits.items())
+
+
 def _check_limits(value: Any, limits: dict[str, float], key: str) -> None:
     if not limits or value is None:
         return
     items = value if isinstance(value, tuple) else (value,)
-    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-    tests = {
-        "ge": lambda x, b: x >= b, "gt": lambda x, b: x > b,
-        "le": lambda x, b: x <= b, "lt": lambda x, b: x < b,
-    }
     for item in items:
-        for op, bound in limits.items():
-            if not tests[op](item, bound):
-                expected = " and ".join(f"{words[o]} {b}" for o, b in limits.items())
-                raise _bad(key, value, f"a number {expected}")
+        if not all(LIMITS[op][1](item, bound) for op, bound in limits.items()):
+            raise _bad(key, value, f"a number {describe_limits(limits)}")
 
 
 def merged(base: dict, overrides: dict) -> dict:
@@ -280,9 +294,13 @@ class Benchmark:
     relations; they are checked like the section itself when training starts.
     """
 
-    splits: str
-    title: str
-    train: dict[str, Any] = dataclasses.field(default_factory=dict)
+    splits: str = field(doc="folder of the benchmark's splits (split_*/ folders), as the "
+                            "split_nyt or split_fewrel stage writes them")
+    title: str = field(doc="the benchmark's name in reports and plots")
+    train: dict[str, Any] = field(default_factory=dict,
+                                  doc="keys of the train section that this benchmark's models "
+                                      "train with instead (optional), e.g. more steps where "
+                                      "there are more training relations")
 
 
 def load_benchmarks(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Benchmark]:
@@ -298,45 +316,23 @@ def parse_benchmarks(raw: Any) -> dict[str, Benchmark]:
     return value
 
 
-#: What reads each ``params.yaml`` section: its dataclass, or a function for ``benchmarks``,
-#: as ``module:name``. Imported only when a section is checked (the model's pull in torch).
-SECTIONS = {
-    "benchmarks": "pipeline.config:parse_benchmarks",
-    "fetch": "stages.fetch:FetchParams",
-    "prepare_fewshot": "stages.prepare_fewshot:PrepareFewshotParams",
-    "split_nyt": "stages.split_nyt:SplitParams",
-    "split_fewrel": "stages.split_fewrel:SplitFewrelParams",
-    "train_transe": "model.transe.training:TrainTransEParams",
-    "build_graph": "stages.build_graph:BuildGraphParams",
-    "model": "model.files.checkpoint:ModelParams",
-    "train": "model.training.config:TrainConfig",
-    "comparison": "model.training.config:ComparisonConfig",
-    "evaluate": "model.evaluation.config:EvalConfig",
-    "transfer": "stages.transfer:TransferParams",
-    "tune_splits": "scripts.make_tuning_splits:TuneSplitsParams",
-}
-
-
-def check_section(section: str, raw: Any) -> bool:
-    """Validate ``raw`` as ``params.yaml``'s ``section``, as its stage will.
+def check_section(name: str, raw: Any) -> bool:
+    """Validate ``raw`` as ``params.yaml``'s section ``name``, as its stage will.
 
     Returns:
-        False when no schema is known for ``section`` (nothing checked), else True.
+        False when no schema is known for ``name`` (nothing checked), else True.
 
     Raises:
         PipelineError: what the stage would say about the section.
     """
-    if section not in SECTIONS:
+    found = get_section(name)
+    if found is None:
         return False
-    module, name = SECTIONS[section].split(":")
-    before = set(os.environ)
-    reader = getattr(importlib.import_module(module), name)
-    # A stage module may set variables for its own process when loaded (OMP_WAIT_POLICY);
-    # they must not reach the stages this process starts.
-    for key in set(os.environ) - before:
-        del os.environ[key]
-    if dataclasses.is_dataclass(reader):
-        parse_section(reader, raw, section)
+    if found.reader is not None:
+        found.reader(raw)
     else:
-        reader(raw)
+        parse_section(found.schema, raw, name)
     return True
+
+
+register_section("benchmarks", Benchmark, reader=parse_benchmarks, entries=True)

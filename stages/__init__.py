@@ -1,1 +1,30 @@
-"""One module per DVC stage; each has a ``main()`` that takes paths as arguments."""
+"""One module per DVC stage; each has a ``main()`` that takes paths as arguments.
+
+Importing the package (as ``python -m stages.<name>`` does) declares the catalog of
+``params.yaml``'s sections: :data:`SECTION_OWNERS` names, for each section, the module whose
+import registers its schema (``@register_section``). A stage's ``load_section`` then refuses a
+misspelt section without importing every schema; ``pipeline.sections.all_sections()``
+imports them all (the configuration docs, the override checks, the tests).
+"""
+
+from pipeline.sections import declare_sections
+
+#: ``params.yaml`` section -> the module that registers its schema. A new section is one
+#: ``register_section`` in the module of its dataclass plus one line here.
+SECTION_OWNERS = {
+    "benchmarks": "pipeline.config",
+    "fetch": "stages.fetch",
+    "prepare_fewshot": "stages.prepare_fewshot",
+    "split_nyt": "stages.split_nyt",
+    "split_fewrel": "stages.split_fewrel",
+    "train_transe": "model.transe.training",
+    "build_graph": "stages.build_graph",
+    "model": "model.config",
+    "train": "model.training.config",
+    "comparison": "model.training.config",
+    "evaluate": "model.evaluation.config",
+    "transfer": "stages.transfer",
+    "tune_splits": "scripts.make_tuning_splits",
+}
+
+declare_sections(SECTION_OWNERS)

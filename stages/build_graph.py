@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 
-from pipeline.config import field, load_section
+from pipeline.config import field, load_section, register_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import read_parquet, write_parquet
 from pipeline.schemas import GRAPH_SCHEMA, embeddings_schema
@@ -124,17 +124,15 @@ def build_graph(ids: np.ndarray, vectors: np.ndarray, k: int) -> pa.Table:
     )
 
 
+@register_section("build_graph")
 @dataclass(frozen=True)
 class BuildGraphParams:
-    """``params.yaml`` section ``build_graph``.
+    """``params.yaml`` section ``build_graph``: the relation graph's nodes and edges."""
 
-    Attributes:
-        features: node features: ``transe`` (ours) or ``official`` (the paper's).
-        k: nearest neighbours per relation.
-    """
-
-    features: Literal["transe", "official"]
-    k: int = field(ge=1)
+    features: Literal["transe", "official"] = field(
+        doc="node features of the relation graph: transe (our TransE on the Wikidata "
+            "triples) or official (the paper's released embeddings)")
+    k: int = field(ge=1, doc="nearest neighbours per relation (the graph's edges)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
-from pipeline.config import MIRROR_ENV, data_mirror, field, load_section
+from pipeline.config import MIRROR_ENV, data_mirror, field, load_section, register_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_path
 
@@ -111,23 +111,24 @@ def fetch_all(files: dict[str, dict[str, Any]], out: Path, retries: int = 3,
 class FileSpec:
     """One file to fetch: its upstream address and checksum."""
 
-    url: str
-    sha256: str | None  # null accepts any content (see the checksum-mismatch message)
+    url: str = field(doc="upstream address of the file")
+    sha256: str | None = field(doc="SHA-256 of the expected content; null accepts any "
+                                   "content (the checksum-mismatch message says so)")
 
 
+@register_section("fetch")
 @dataclass(frozen=True)
 class FetchParams:
-    """``params.yaml`` section ``fetch``.
+    """``params.yaml`` section ``fetch``: the files the pipeline downloads.
 
-    Attributes:
-        retries: download attempts per file.
-        timeout_s: seconds before a stalled download is retried.
-        files: destination path (under ``--out``) -> :class:`FileSpec`.
+    Local copies are read from ``$REGRAB_DATA_MIRROR`` (laid out like ``files``' keys) when
+    it is set.
     """
 
-    retries: int = field(ge=1)
-    timeout_s: float = field(gt=0)
-    files: dict[str, FileSpec]
+    retries: int = field(ge=1, doc="download attempts per file")
+    timeout_s: float = field(gt=0, doc="seconds before a stalled download is retried")
+    files: dict[str, FileSpec] = field(doc="destination path (under --out, e.g. "
+                                           "fewrel/val_nyt.json) -> its url and sha256")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import load_section
+from pipeline.config import field, load_section, register_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.fewrel import convert, load_json, load_relation_names
 from pipeline.io import atomic_dir, write_json, write_parquet
@@ -62,15 +62,13 @@ def prepare(raw: Path, out: Path, datasets: list[str], pid2name: Path | None) ->
     return reports
 
 
+@register_section("prepare_fewshot")
 @dataclass(frozen=True)
 class PrepareFewshotParams:
-    """``params.yaml`` section ``prepare_fewshot``: FewRel-format files to convert.
+    """``params.yaml`` section ``prepare_fewshot``: FewRel-format files to convert."""
 
-    Attributes:
-        datasets: names of ``RAW/{name}.json`` files (FewRel format), any number.
-    """
-
-    datasets: tuple[str, ...]
+    datasets: tuple[str, ...] = field(doc="names of data/raw/fewrel/{name}.json files "
+                                          "(FewRel format), one Parquet table each")
 
 
 def main(argv: list[str] | None = None) -> None:

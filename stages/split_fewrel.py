@@ -21,25 +21,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import field, load_section
+from pipeline.config import field, load_section, register_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_dir, read_fewshot, write_parquet, write_yaml
 from pipeline.schemas import FEWSHOT_SCHEMA
 
 
+@register_section("split_fewrel")
 @dataclass(frozen=True)
 class SplitFewrelParams:
-    """``params.yaml`` section ``split_fewrel``.
+    """``params.yaml`` section ``split_fewrel``: train on train_wiki (minus held-out
+    relations for validation), test on val_wiki."""
 
-    Attributes:
-        seed: seed of the held-out draw.
-        heldout_relations: train_wiki relations kept for validation (never trained on).
-        max_per_relation: sentences kept per relation in every part (0 = all).
-    """
-
-    seed: int
-    heldout_relations: int = field(ge=1)
-    max_per_relation: int = field(ge=0)
+    seed: int = field(doc="seed of the held-out draw")
+    heldout_relations: int = field(ge=1, doc="train_wiki relations kept for validation "
+                                             "(never trained on)")
+    max_per_relation: int = field(ge=0, doc="sentences kept per relation in every part, the "
+                                            "first ones in file order (0 = all)")
 
 
 def cap(table: pa.Table, limit: int) -> pa.Table:

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import field, load_section
+from pipeline.config import field, load_section, register_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_dir, read_fewshot, write_parquet, write_yaml
 from pipeline.schemas import FEWSHOT_SCHEMA
@@ -74,23 +74,19 @@ def make_splits(table: pa.Table, out: Path, seeds: list[int], sizes: dict[str, i
     return summary
 
 
+@register_section("split_nyt")
 @dataclass(frozen=True)
 class SplitParams:
-    """``params.yaml`` section ``split_nyt``.
+    """``params.yaml`` section ``split_nyt``: the random NYT-25 splits."""
 
-    Attributes:
-        seeds: one random split of the relations per seed.
-        train_relations: relations in each split's training part.
-        val_relations: relations in each split's validation part.
-        test_relations: relations in each split's test part.
-        min_instances: relations with fewer sentences are left out.
-    """
-
-    seeds: tuple[int, ...]
-    train_relations: int = field(ge=1)
-    val_relations: int = field(ge=1)
-    test_relations: int = field(ge=1)
-    min_instances: int = field(ge=1)
+    seeds: tuple[int, ...] = field(doc="one random split of the relations per seed (the "
+                                       "paper used one; we average over five)")
+    train_relations: int = field(ge=1, doc="relations in each split's training part")
+    val_relations: int = field(ge=1, doc="relations in each split's validation part")
+    test_relations: int = field(ge=1, doc="relations in each split's test part")
+    min_instances: int = field(ge=1, doc="relations with fewer sentences are left out (and "
+                                         "listed in splits.yaml): an episode needs K + Q "
+                                         "sentences of each relation")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,5 +3,5 @@
 Modules:
     config: the ``train`` and ``comparison`` params sections and a run's fingerprint.
     loop: preparing a run and the training loop.
-    state: resuming, reusing a finished model, and the run record.
+    state: the run record, resuming, and reusing a finished model.
 """

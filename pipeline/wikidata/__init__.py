@@ -10,5 +10,5 @@ Read top to bottom, one module per step:
 * :mod:`~pipeline.wikidata.engine`: running the ranges in-process or on Dask.
 * :mod:`~pipeline.wikidata.tables`: deduplication and the output tables.
 
-``stages.parse_wikidata`` is the stage that calls them.
+The parse_wikidata stage calls them.
 """

@@ -10,26 +10,29 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
+import subprocess
+import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal, Union
 
 import pytest
 import yaml
 
-from pipeline.config import SECTIONS, load_section, parse_section
+import stages  # noqa: F401  (declares the sections' owners)
+from pipeline.config import load_section, parse_section
 from pipeline.errors import PipelineError
+from pipeline.sections import all_sections
 from tests.conftest import ROOT, merged, project_params
 
-#: params.yaml section -> the frozen dataclass that is its schema ("module:Class"); the
-#: ``benchmarks`` section is a mapping of its own, tested apart.
-SCHEMAS = {section: where for section, where in SECTIONS.items() if section != "benchmarks"}
+#: params.yaml section -> the frozen dataclass that is its schema, as the registry has it;
+#: the ``benchmarks`` section is a mapping of entries, tested apart.
+SCHEMAS = {name: s.schema for name, s in all_sections().items() if not s.entries}
 
 
 def schema(section: str) -> type:
-    module, name = SCHEMAS[section].split(":")
-    return getattr(importlib.import_module(module), name)
+    return SCHEMAS[section]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,11 +324,57 @@ def test_preset_overrides_validate(file, name):
         assert got == expected, ".".join((file, name, *path))
 
 
-def test_an_unknown_top_level_section_fails_when_a_stage_starts(tmp_path):
-    """A misspelt section is refused by every stage's loader, not only by this test file."""
+def _misspelt(tmp_path) -> Path:
     params = project_params()
     params["evalute"] = params["evaluate"]
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def test_an_unknown_top_level_section_fails_when_a_stage_starts(tmp_path):
+    """A misspelt section is refused by every stage's loader, not only by this test file."""
     with pytest.raises(PipelineError, match=r"unknown section\(s\) \['evalute'\]"):
-        load_section(schema("split_nyt"), "split_nyt", path)
+        load_section(schema("split_nyt"), "split_nyt", _misspelt(tmp_path))
+
+
+def test_a_stage_process_knows_every_section(tmp_path):
+    """``python -m stages.X`` declares the catalog itself: the project's file passes, a
+    misspelt section is refused, and no other schema module is imported to know that."""
+    path = _misspelt(tmp_path)
+    probe = ("import sys; from stages import split_nyt; from pipeline.config import load_section;"
+             " load_section(split_nyt.SplitParams, 'split_nyt', sys.argv[1]);"
+             " print(sorted(m for m in sys.modules if m.startswith(('model', 'torch'))))")
+    ok = subprocess.run([sys.executable, "-c", probe, str(ROOT / "params.yaml")],
+                        capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == "[]"
+    bad = subprocess.run([sys.executable, "-m", "stages.split_nyt", "--params", str(path),
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert bad.returncode == 2
+    assert "unknown section(s) ['evalute']" in bad.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_field_has_help():
+    """Each key of every section (entries of mappings too) says what it is: the help that
+    docs/configuration.md is made of."""
+    missing = []
+
+    def visit(cls: type, where: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            if not f.metadata.get("doc", "").strip():
+                missing.append(f"{where}.{f.name} ({cls.__qualname__})")
+            tp = hints[f.name]
+            if typing.get_origin(tp) is dict:
+                tp = typing.get_args(tp)[1]
+            if dataclasses.is_dataclass(tp):
+                visit(tp, f"{where}.{f.name}")
+
+    for name, found in all_sections().items():
+        visit(found.schema, name)
+    assert missing == []
