@@ -1,1 +1,7 @@
-"""User commands that are not DVC stages (``stages/`` holds those): ``regrab-predict``."""
+"""User commands that are not DVC stages (``stages/`` holds those).
+
+Modules: ``predict`` (``regrab-predict``) and ``files`` (its input and output files),
+``score`` (``regrab-score``), ``models`` (``regrab-models``), ``fewrel_test``
+(``regrab-fewrel-test``), ``guard`` (what every command does around its work: refuse an output
+that is an input, end on SIGTERM with no output half-written).
+"""

@@ -25,7 +25,8 @@ Subcommands:
   over episodes.
 
 Bad input (an episode whose ways differ in K, a query without entities, answer files of
-different lengths, ...) stops with one ``error:`` line; outputs are written atomically.
+different lengths, an output that is also an input or the other output, ...) stops with one
+``error:`` line; outputs are written atomically.
 
 Usage:
     regrab-fewrel-test make --data ../shared/data/fewrel/val_wiki.json --ways 5 --shots 1 \
@@ -52,11 +53,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from cli.guard import refuse_same, run_command
 from model.episodes import mean_ci95
 from model.predict.predictor import Predictor, predictive_summary
 from model.predict.sentences import Sentence, parse_sentence
 from pipeline.config import select_device, set_threads
-from pipeline.errors import PipelineError, run_cli
+from pipeline.errors import PipelineError
 from pipeline.fewrel import load_json
 from pipeline.io import atomic_path, check_writable
 
@@ -208,6 +210,7 @@ def _answers(path: Path, what: str) -> list[int]:
 
 def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     check_writable(args.out)
+    refuse_same(args.out, "--out", {"--input": args.input, "--checkpoint": args.checkpoint})
     episodes = parse_episodes(load_json(args.input, fix=(
         "give --input FewRel's test input: a JSON list of {meta_train, meta_test}")),
         str(args.input))
@@ -228,6 +231,8 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
 def run_make(args: argparse.Namespace) -> dict[str, Any]:
     check_writable(args.out)
     check_writable(args.answers, "--answers")
+    refuse_same(args.out, "--out", {"--data": args.data})
+    refuse_same(args.answers, "--answers", {"--out": args.out, "--data": args.data})
     data = load_json(args.data, fix="give --data a FewRel-format JSON file")
     inputs, gold = make_episodes(data, args.ways, args.shots, args.episodes, args.seed,
                                  str(args.data))
@@ -258,7 +263,8 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--checkpoint", type=Path, required=True,
                     help="model.safetensors or a folder from regrab-models export")
     pr.add_argument("--input", type=Path, required=True, help="FewRel test input JSON")
-    pr.add_argument("--out", type=Path, required=True, help="answer file (JSON list of ints)")
+    pr.add_argument("--out", type=Path, required=True,
+                    help="answer file (JSON list of ints); never --input")
     pr.add_argument("--seed", type=int, default=0, help="seeds the posterior samples")
     pr.add_argument("--device", default="auto", help="auto | cpu | cuda")
     pr.add_argument("--batch-size", type=int, default=64, help="sentences per encoder batch")
@@ -269,8 +275,10 @@ def parser() -> argparse.ArgumentParser:
     mk.add_argument("--shots", type=int, default=1)
     mk.add_argument("--episodes", type=int, default=1000)
     mk.add_argument("--seed", type=int, default=0)
-    mk.add_argument("--out", type=Path, required=True, help="test input JSON to write")
-    mk.add_argument("--answers", type=Path, required=True, help="gold answers JSON to write")
+    mk.add_argument("--out", type=Path, required=True,
+                    help="test input JSON to write; never --data or --answers")
+    mk.add_argument("--answers", type=Path, required=True,
+                    help="gold answers JSON to write; never --data or --out")
     sc = sub.add_parser("score", help="accuracy of an answer file against gold answers")
     sc.add_argument("--pred", type=Path, required=True)
     sc.add_argument("--answers", type=Path, required=True)
@@ -289,8 +297,9 @@ def fewrel_test(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point ``regrab-fewrel-test``: one ``error:`` line on bad input."""
-    run_cli(fewrel_test, argv)
+    """Console entry point ``regrab-fewrel-test``: one ``error:`` line on bad input (exit 2);
+    Ctrl-C exits 130, SIGTERM 143."""
+    run_command(fewrel_test, argv)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 ``export`` writes a train-stage checkpoint as a self-describing folder (weights, config,
 relation labels and graph, the pre-trained encoder, a model card) that ``regrab-predict
---checkpoint DIR`` uses alone, with no project data and no ``params.yaml``.
+--checkpoint DIR`` uses alone, with no project data and no ``params.yaml``. ``--out`` may be
+new, empty or a folder export wrote (replaced whole); a folder holding anything else is
+refused, or with ``--force`` only export's own files in it are replaced.
 
 ``convert`` rewrites a pickle checkpoint of an older version (``model.pt``, ``state.pt``,
 TransE's state) as safetensors + JSON. Loaders refuse pickles, because a pickle can run
@@ -12,7 +14,7 @@ torch's restricted unpickler, which admits tensors and plain containers only.)
 Usage:
     regrab-models export models/nyt25/split_0/regrab/model.safetensors --out my-model \
         [--relations data/wikidata/relations.parquet] [--report metrics/nyt25_report.json] \
-        [--no-encoder]
+        [--no-encoder] [--force]
     regrab-models convert models/nyt25/split_0/regrab/model.pt [--out model.safetensors]
 """
 
@@ -21,9 +23,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from model.files.checkpoint import MODEL_FILE, STATE_FILE, convert_legacy, read_payload
-from model.files.model_folder import export
-from pipeline.errors import PipelineError, run_cli
+from cli.guard import refuse_same, run_command
+from model.files import loader
+from model.files.checkpoint import MODEL_FILE, STATE_FILE, convert_legacy
+from model.files.model_folder import OWN_ENTRIES, check_out, export
 
 
 def benchmark_of(checkpoint: Path) -> str | None:
@@ -40,7 +43,11 @@ def run(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="write a checkpoint as a self-contained model folder")
     ex.add_argument("checkpoint", type=Path, help=f"a train-stage {MODEL_FILE}")
-    ex.add_argument("--out", type=Path, required=True, help="the folder to write")
+    ex.add_argument("--out", type=Path, required=True,
+                    help="the folder to write: new, empty, or one export wrote (export's "
+                         "config.json and no other files), which is replaced whole; any "
+                         "other folder is refused (see --force). Stopped (Ctrl-C, SIGTERM, "
+                         "an error), export leaves no temporary folder")
     ex.add_argument("--relations", type=Path, default=Path("data/wikidata/relations.parquet"),
                     help="relations table for the graph relations' labels (if present)")
     ex.add_argument("--report", type=Path, default=None,
@@ -48,6 +55,9 @@ def run(argv: list[str] | None = None) -> None:
                          "one of the checkpoint's benchmark, if present)")
     ex.add_argument("--no-encoder", action="store_true",
                     help="do not copy the pre-trained encoder (loading then needs it installed)")
+    ex.add_argument("--force", action="store_true",
+                    help=f"write into an --out that holds other files: replace only "
+                         f"{', '.join(OWN_ENTRIES)} there, keep everything else")
     cv = sub.add_parser("convert", help="rewrite an older pickle checkpoint you trust")
     cv.add_argument("old", type=Path, help="model.pt, state.pt or a TransE state of an older "
                                            "version")
@@ -55,31 +65,30 @@ def run(argv: list[str] | None = None) -> None:
                     help=f"where to write (default: {MODEL_FILE} / {STATE_FILE} beside it)")
     args = parser.parse_args(argv)
     if args.command == "export":
-        if args.out.exists() and not (args.out / "config.json").is_file():
-            raise PipelineError(f"{args.out} exists and is not a model folder; give a new "
-                                "--out folder (an existing model folder is replaced)")
+        check_out(args.out, args.force)  # before reading the checkpoint
         bench = benchmark_of(args.checkpoint)
         report = args.report
         if report is None and bench is not None:
             report = Path("metrics") / f"{bench}_report.json"
-        out = export(read_payload(args.checkpoint), args.checkpoint, args.out,
-                     args.relations, report, bench, with_encoder=not args.no_encoder)
+        out = export(loader.read(args.checkpoint), args.checkpoint, args.out,
+                     args.relations, report, bench, with_encoder=not args.no_encoder,
+                     force=args.force)
         print(f"exported {args.checkpoint} -> {out} (use: regrab-predict --checkpoint {out})")
         return
     out = args.out
     if out is None:
         stem = {"model.pt": MODEL_FILE, "state.pt": STATE_FILE}.get(args.old.name)
         out = args.old.with_name(stem) if stem else args.old.with_suffix(".safetensors")
-    if out.resolve() == args.old.resolve():
-        raise PipelineError(f"--out {out} is the file being converted; give another path")
+    refuse_same(out, "--out", {"the file being converted": args.old})
     fmt = convert_legacy(args.old, out)
     print(f"converted {args.old} -> {out} ({fmt}); the pickle was left as it is, delete it "
           "once the new file works")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry: bad input ends in one ``error:`` line (exit 2), not a traceback."""
-    run_cli(run, argv)
+    """Console-script entry: bad input ends in one ``error:`` line (exit 2), not a traceback;
+    Ctrl-C exits 130, SIGTERM 143, leaving no temporary folder behind."""
+    run_command(run, argv)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,11 @@ import numpy as np
 from tqdm import tqdm
 
 from cli.files import check_output, read_records, write_predictions
+from cli.guard import refuse_same, run_command
 from model.predict.predictor import Predictor
 from model.predict.sentences import Sentence, has_sentence, parse_sentence
 from pipeline.config import select_device, set_threads
-from pipeline.errors import PipelineError, run_cli
+from pipeline.errors import PipelineError
 
 SHOWN_SKIPS = 5
 
@@ -120,7 +121,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(repeatable; default: read from the relation key, e.g. "
                         "gene_found_in_organism)")
     p.add_argument("--queries", type=Path, required=True, help="JSONL, Parquet or .txt")
-    p.add_argument("--out", type=Path, required=True, help=".jsonl or .parquet")
+    p.add_argument("--out", type=Path, required=True,
+                   help=".jsonl or .parquet; a file, never --queries or --support (checked "
+                        "before any work)")
     p.add_argument("--threshold", type=float, default=0.0,
                    help="abstain when the top probability is below this (0: never)")
     p.add_argument("--seed", type=int, default=0, help="seed of the posterior samples")
@@ -132,6 +135,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.batch_size < 1 or args.chunk < 1:
         raise PipelineError("--batch-size and --chunk must be >= 1")
     check_output(args.out)  # before the predictions, not after them
+    refuse_same(args.out, "--out", {"--queries": args.queries, "--support": args.support})
     return args
 
 
@@ -179,8 +183,9 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry: bad input ends in one ``error:`` line (exit 2), not a traceback."""
-    run_cli(predict_files, argv)
+    """Console-script entry: bad input ends in one ``error:`` line (exit 2), not a traceback;
+    Ctrl-C exits 130, SIGTERM 143."""
+    run_command(predict_files, argv)
 
 
 if __name__ == "__main__":

@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
+from cli.guard import refuse_same, run_command
 from model.episodes import Setting
 from model.evaluation.splits import EvalConfig
 from model.evaluation.transfer import score_table
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
-from pipeline.errors import run_cli
 from pipeline.fewrel import convert, load_json
 from pipeline.io import atomic_paths, check_writable
 
@@ -49,7 +49,9 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--models", type=Path, required=True,
                         help="a benchmark's models folder (split_*/<method>/model.safetensors)")
     parser.add_argument("--out", type=Path, required=True,
-                        help="output prefix: OUT.json (metrics), OUT.md, OUT_report.json")
+                        help="output prefix: OUT.json (metrics), OUT.md, OUT_report.json; "
+                             "all three are checked before scoring and written together or "
+                             "not at all")
     parser.add_argument("--methods", default=None,
                         help="comma-separated (default: every method trained on every split)")
     parser.add_argument("--settings", default="5w1s,5w5s,10w1s,10w5s")
@@ -63,7 +65,9 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     outputs = [args.out.with_name(args.out.name + end) for end in (".json", "_report.json",
                                                                     ".md")]
-    check_writable(outputs[0])  # before the scoring, not after it
+    for path in outputs:  # every one before the scoring, not after it
+        check_writable(path)
+        refuse_same(path, "output", {"--data": args.data, "--params": args.params})
     settings = [Setting.parse(s) for s in args.settings.split(",") if s]
     base = load_section(EvalConfig, "evaluate", args.params)
     table, parsed = convert(args.data.stem, load_json(args.data, fix=(
@@ -105,8 +109,9 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point ``regrab-score``: one ``error:`` line on bad input."""
-    run_cli(score, argv)
+    """Console entry point ``regrab-score``: one ``error:`` line on bad input (exit 2);
+    Ctrl-C exits 130, SIGTERM 143, with none of the outputs written."""
+    run_command(score, argv)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,11 @@ def atomic_paths(*paths: str | os.PathLike[str]) -> Iterator[list[Path]]:
     """
     with contextlib.ExitStack() as stack:
         yield [stack.enter_context(atomic_path(path)) for path in paths]
+        # A rename onto a folder fails; fail before the first rename, not after it.
+        for path in paths:
+            if Path(path).is_dir():
+                raise PipelineError(f"{path} is a folder, so it cannot be written; remove it "
+                                    "or give another output path (nothing was written)")
 
 
 @contextlib.contextmanager
@@ -97,6 +102,44 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
+@contextlib.contextmanager
+def atomic_entries(path: str | os.PathLike[str], names: tuple[str, ...]) -> Iterator[Path]:
+    """:func:`atomic_dir` for a folder that also holds files of others: only ``names`` change.
+
+    Yields an empty temporary folder next to ``path``. On success each of ``names`` in
+    ``path`` is replaced by the one written there (or removed when none was written); every
+    other entry of ``path`` stays as it is. A failure while swapping puts the old entries
+    back; on any exception the temporary folder is removed.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path.parent, [path.name])
+    work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    new, old = work / "new", work / "old"
+    new.mkdir(mode=0o777)  # the umask applies, as to any folder the user makes
+    old.mkdir()
+    try:
+        yield new
+        moved, placed = [], []
+        try:
+            for name in names:
+                if os.path.lexists(path / name):
+                    os.replace(path / name, old / name)
+                    moved.append(name)
+            for name in names:
+                if os.path.lexists(new / name):
+                    os.replace(new / name, path / name)
+                    placed.append(name)
+        except BaseException:
+            for name in placed:
+                os.replace(path / name, new / name)
+            for name in moved:
+                os.replace(old / name, path / name)
+            raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
     """Check, before any long work, that a file can be created where ``path`` will be written.
 
@@ -104,9 +147,12 @@ def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
     folder, which is removed again.
 
     Raises:
-        PipelineError: the folder cannot be made or written to (``/proc/x``, read-only, ...).
+        PipelineError: ``path`` is a folder, or its folder cannot be made or written to
+            (``/proc/x``, read-only, ...).
     """
     path = Path(path)
+    if path.is_dir():  # the rename at the end would fail, after all the work
+        raise PipelineError(f"{what} {path} is a folder; give the path of a file to write")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.",

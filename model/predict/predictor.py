@@ -37,10 +37,10 @@ import numpy as np
 import torch
 
 from model.encoder.frozen_cache import encode_all
-from model.files.checkpoint import load_model
-from model.methods.regrab import FewShotModel
+from model.files.loader import load_model
+from model.methods.base import FewShotModel
 from model.predict.sentences import parse_sentence, sentences_table
-from model.prior.gcn import relation_name
+from model.prior.labels import relation_name
 from pipeline.errors import PipelineError
 
 
@@ -148,7 +148,7 @@ class Predictor:
     """A trained model ready to label sentences; load once, set the support, predict often.
 
     Args:
-        model: a :class:`~model.methods.regrab.FewShotModel` (see :meth:`from_checkpoint`).
+        model: a :class:`~model.methods.base.FewShotModel` (see :meth:`from_checkpoint`).
         seed: seeds the S posterior samples of the prototypes (same seed, same numbers).
         threshold: top probabilities below it abstain (0 never abstains).
         batch_size: sentences per encoder batch.

@@ -196,10 +196,10 @@ def test_score_counts_a_relation_given_with_no_sentences(models, tmp_path, capsy
     data["P9"] = []
     path = tmp_path / "own.json"
     path.write_text(json.dumps(data))
-    result = _score(models, path, tmp_path / "own")
+    result = _score(models, path, tmp_path / "scores")  # own.json is --data
     assert result["relations"]["too_few_sentences"] == {"P9": 0}
     assert "skipped 1 with < 3 sentences" in capsys.readouterr().out
-    report = json.loads((tmp_path / "own_report.json").read_text())
+    report = json.loads((tmp_path / "scores_report.json").read_text())
     assert report["relations"]["too_few_sentences"] == {"P9": 0}
 
 

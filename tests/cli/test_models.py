@@ -13,9 +13,10 @@ import yaml
 
 from cli import models, predict
 from model.files import tensor_file
-from model.files.checkpoint import load_model, read_payload
+from model.files.checkpoint import read_payload
+from model.files.loader import load_model
+from model.files.tensor_file import TRANSE_FORMAT
 from model.predict.sentences import parse_sentence
-from model.transe.training import TRANSE_FORMAT
 from stages import train
 from tests.conftest import project_params
 from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits, toy_table

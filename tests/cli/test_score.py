@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pyarrow.parquet as pq
@@ -5,7 +6,7 @@ import pytest
 import yaml
 
 from cli import score
-from model.files.checkpoint import read_payload, save_payload
+from model.files.checkpoint import read_checkpoint, save_checkpoint
 from pipeline.errors import PipelineError
 from stages import train
 from tests.conftest import project_params
@@ -63,16 +64,17 @@ def test_scores_own_data_with_non_wikidata_labels(trained, tmp_path):
     raw["tiny_rel"] = raw["works_for_6"][:2]
     data.write_text(json.dumps(raw))
     out = score.score(["--data", str(data), "--models", str(root / "models"),
-                       "--out", str(tmp_path / "own"), "--settings", "3w1s,3w2s",
+                       "--out", str(tmp_path / "scores"), "--settings", "3w1s,3w2s",
                        "--episodes", "10", "--params", str(p)])
     rel = out["relations"]
     assert rel["trained_on"] == [trained_on[0]] and rel["trained_on_excluded"]
     assert rel["too_few_sentences"] == {"tiny_rel": 2}
     assert len(rel["relations_scored"]) == 6
-    metrics = json.loads((tmp_path / "own.json").read_text())
+    metrics = json.loads((tmp_path / "scores.json").read_text())  # keyed by --data's name
     assert set(metrics["own"]) == {"regrab", "proto", "floor"}
     assert set(metrics["own"]["regrab"]) == {"3w1s", "3w2s"}
-    assert "works_for" in (tmp_path / "own.md").read_text() or (tmp_path / "own.md").exists()
+    assert (tmp_path / "scores.md").exists()
+    assert json.loads(data.read_text()) == raw  # --data is untouched
 
 
 def test_bad_inputs_are_one_line_errors(trained, tmp_path):
@@ -104,9 +106,10 @@ def test_checkpoint_from_another_encoder_is_refused(trained, tmp_path):
     models = tmp_path / "models"
     shutil.copytree(root / "models", models)
     path = models / "split_0" / "proto" / "model.safetensors"
-    payload = read_payload(path)
-    payload["config"]["encoder"]["name"] = "bert-base-uncased"
-    save_payload(path, payload)
+    old = read_checkpoint(path)
+    config = dataclasses.replace(old.config, encoder=dataclasses.replace(
+        old.config.encoder, name="bert-base-uncased"))
+    save_checkpoint(path, dataclasses.replace(old, config=config))
     data = _fewrel_json(tmp_path / "d.json", toy_table(["Q91", "Q92", "Q93"], 8, seed=2))
     with pytest.raises(PipelineError, match="different encoders"):
         score.score(["--data", str(data), "--models", str(models), "--out",

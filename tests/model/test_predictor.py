@@ -6,11 +6,12 @@ import torch
 
 from model.encoder.frozen_cache import LowerCache, encode_all
 from model.episodes import Episodes, episode_accuracy, gather_episodes
-from model.files.checkpoint import build_model, save_model
+from model.files.checkpoint import Checkpoint, save_checkpoint
+from model.methods.registry import build_model
 from model.posterior.logits import similarity_logits
 from model.predict.predictor import Predictor, predictive_summary
 from model.predict.sentences import Sentence, parse_marked_text, parse_sentence
-from model.prior.gcn import RelationGraph
+from model.prior.graph import RelationGraph
 from pipeline.errors import PipelineError
 from pipeline.io import read_parquet
 from tests.conftest import model_config
@@ -35,7 +36,7 @@ def tiny_checkpoint(folder, method="regrab", **langevin):
         for p in model.head.parameters():
             p.add_(0.3 * torch.randn_like(p))
     path = folder / f"{method}-{'-'.join(f'{k}{v}' for k, v in langevin.items())}.pt"
-    save_model(path, model, {"step": 0})
+    save_checkpoint(path, Checkpoint.of(model, step=0))
     return path
 
 

@@ -1,0 +1,82 @@
+"""What every ``regrab-*`` command does around its work, so none of them loses a file.
+
+* :func:`refuse_same`: an output path that is one of the command's inputs (or another of its
+  outputs), by name, symlink or hard link, stops the command before any work.
+* :func:`run_command`: :func:`pipeline.errors.run_cli`, plus SIGTERM (``kill``, a job
+  scheduler's stop) unwinding like Ctrl-C, so the temporaries of an unfinished write are
+  removed; it ends with one ``error:`` line and exit status 143.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline.errors import PipelineError, run_cli
+
+#: Exit status of a command stopped by SIGTERM, as a shell reports it (128 + 15).
+TERMINATED = 128 + signal.SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived. Not an ``Exception``, so no ``except Exception`` swallows it, and
+    every ``finally`` and ``except BaseException`` (the atomic writers') runs on the way out."""
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same inode, or the same resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): compare where they would be
+        return a.resolve() == b.resolve()
+
+
+def refuse_same(out: Path, what: str, others: dict[str, Path | None]) -> None:
+    """Stop when the output ``out`` is one of ``others`` (``{"--queries": path, ...}``).
+
+    Raises:
+        PipelineError: naming both options, before anything is read or written.
+    """
+    for name, other in others.items():
+        if other is not None and same_file(Path(out), Path(other)):
+            raise PipelineError(f"{what} {out} is also {name} {other} (the same file); "
+                                f"writing {what} would overwrite it, give another {what}")
+
+
+def _terminate(owner: int) -> None:
+    if os.getpid() != owner:  # a forked child: die as SIGTERM's default would
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    # A second SIGTERM must not cut short the removal of the temporaries.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
+
+
+def run_command(main: Callable[[list[str] | None], object],
+                argv: list[str] | None = None) -> None:
+    """Run a command's ``main`` as :func:`pipeline.errors.run_cli` does; SIGTERM exits 143.
+
+    Bad input exits 2, Ctrl-C 130, SIGTERM 143, each with one ``error:`` line and no output
+    left half-written.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        run_cli(main, argv)  # signal handlers can only be set from the main thread
+        return
+    owner = os.getpid()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: _terminate(owner))
+    try:
+        run_cli(main, argv)
+    except Terminated:
+        tqdm = sys.modules.get("tqdm")  # a bar left open would hold the start of the line
+        for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+            bar.close()
+        print("error: terminated (SIGTERM); no output was left half-written, run the same "
+              "command again to write it", file=sys.stderr)
+        sys.exit(TERMINATED)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

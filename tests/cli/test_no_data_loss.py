@@ -1,0 +1,316 @@
+"""Commands never destroy a file they were not asked to write.
+
+An export onto a folder holding others' files, an ``--out`` that is an input, an output path
+that is a folder, SIGTERM or Ctrl-C mid-write: each ends in one ``error:`` line (exit 2, 130
+or 143) with every file as it was and no temporary left behind.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cli import fewrel_test, guard, models, predict, score
+from model.files import model_folder
+from model.predict.sentences import parse_sentence
+from pipeline.errors import INTERRUPTED, PipelineError
+from pipeline.io import atomic_path, atomic_paths
+from tests.model.test_predictor import tiny_checkpoint
+from tests.model.tiny_regrab import toy_table
+
+ROOT = Path(__file__).resolve().parents[2]
+RELATIONS = ["P6", "P7", "P8"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A tiny checkpoint, a 3-way 2-shot support file, three queries, a FewRel-format file."""
+    root = tmp_path_factory.mktemp("no_data_loss")
+    rows = toy_table(RELATIONS, 4, seed=4).to_pylist()
+    support = [{"relation": r["relation"], "text": parse_sentence(r).marked()}
+               for r in rows if int(r["instance_id"].rsplit("-", 1)[1]) < 2]
+    queries = [{"text": parse_sentence(r).marked()} for r in rows[2::4]]
+    (root / "support.jsonl").write_text("".join(json.dumps(s) + "\n" for s in support))
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    fewrel: dict[str, list] = {}
+    for r in rows:
+        fewrel.setdefault(r["relation"], []).append(
+            {"tokens": r["tokens"], "h": ["h", "Q1", [list(range(r["head_start"],
+                                                                  r["head_end"]))]],
+             "t": ["t", "Q2", [list(range(r["tail_start"], r["tail_end"]))]]})
+    (root / "val.json").write_text(json.dumps(fewrel))
+    return {"root": root, "ckpt": tiny_checkpoint(root), "support": root / "support.jsonl",
+            "queries": root / "queries.jsonl", "val": root / "val.json"}
+
+
+def _one_error(capsys, call, code: int = 2) -> str:
+    with pytest.raises(SystemExit) as exc:
+        call()
+    assert exc.value.code == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    return err.strip()
+
+
+def _tree(folder: Path) -> dict[str, str | None]:
+    """Every path under ``folder`` (hidden ones too) with its text; None for folders."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_text(errors="replace")
+            for p in sorted(folder.rglob("*"))}
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the work started before the outputs were checked")
+
+
+# ------------------------------------------------------------ 1. export onto a folder
+
+
+def _stranger(folder: Path) -> dict[str, str | None]:
+    """A folder of someone else's files, config.json among them; returns its contents."""
+    (folder / "sub").mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "theirs"}\n')
+    (folder / "notes.txt").write_text("keep")
+    (folder / "sub" / "data.csv").write_text("a,b\n")
+    return _tree(folder)
+
+
+def test_export_refuses_a_folder_it_did_not_write(files, tmp_path, capsys):
+    out = tmp_path / "theirs"
+    before = _stranger(out)
+    err = _one_error(capsys, lambda: models.main(["export", str(files["ckpt"]), "--out",
+                                                  str(out), "--no-encoder"]))
+    assert "not a model folder that regrab-models export wrote" in err and "--force" in err
+    assert "'notes.txt'" in err
+    assert _tree(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["theirs"]
+
+
+def test_export_force_replaces_only_its_own_files(files, tmp_path, capsys):
+    out = tmp_path / "theirs"
+    before = _stranger(out)
+    ours = {"notes.txt", "sub", "sub/data.csv"}
+    models.main(["export", str(files["ckpt"]), "--out", str(out), "--force"])
+    got = _tree(out)
+    assert {k: v for k, v in got.items() if k in ours} == {k: before[k] for k in ours}
+    assert json.loads(got["config.json"])["format"] == model_folder.FOLDER_FORMAT
+    assert (out / "encoder" / "config.json").is_file()
+    assert predict.Predictor.from_checkpoint(out, "cpu").model  # a usable model folder
+    # Again, without the encoder: the old encoder/ goes (it would be loaded), the rest stays.
+    models.main(["export", str(files["ckpt"]), "--out", str(out), "--force", "--no-encoder"])
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md", "config.json", "model.safetensors", "notes.txt", "sub"]
+    assert (out / "sub" / "data.csv").read_text() == "a,b\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs"]
+    # Its own folder with a stranger's file added is no longer only its own.
+    err = _one_error(capsys, lambda: models.main(["export", str(files["ckpt"]), "--out",
+                                                  str(out)]))
+    assert "'notes.txt', 'sub'" in err
+
+
+def test_export_replaces_a_folder_it_wrote_whole(files, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()  # empty: written into
+    models.main(["export", str(files["ckpt"]), "--out", str(out)])
+    assert (out / "encoder").is_dir()
+    models.main(["export", str(files["ckpt"]), "--out", str(out), "--no-encoder"])
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json",
+                                                     "model.safetensors"]
+    (out / "notes.txt").write_text("mine now")
+    _one_error(capsys, lambda: models.main(["export", str(files["ckpt"]), "--out", str(out)]))
+    assert (out / "notes.txt").read_text() == "mine now"
+    err = _one_error(capsys, lambda: models.main(["export", str(files["ckpt"]), "--out",
+                                                  str(out / "notes.txt")]))
+    assert "is a file" in err
+
+
+_SLOW_EXPORT = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import model.files.model_folder as folder
+    from cli import models
+
+    def slow_card(*args):  # the weights are in the temporary folder by now
+        Path(sys.argv[1]).write_text("writing")
+        time.sleep(120)
+
+    folder.model_card = slow_card
+    models.main(sys.argv[2:])
+""")
+
+
+@pytest.mark.parametrize(("sig", "code", "words", "force"), [
+    (signal.SIGTERM, guard.TERMINATED, "terminated (SIGTERM)", False),
+    (signal.SIGINT, INTERRUPTED, "interrupted (Ctrl-C)", False),
+    (signal.SIGTERM, guard.TERMINATED, "terminated (SIGTERM)", True),
+])
+def test_signal_during_export_leaves_no_temporary(files, tmp_path, sig, code, words, force):
+    out, flag = tmp_path / "model", tmp_path / "flag"
+    before = _stranger(out) if force else None
+    cmd = [sys.executable, "-c", _SLOW_EXPORT, str(flag), "export", str(files["ckpt"]),
+           "--out", str(out), "--no-encoder", *(["--force"] if force else [])]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        for _ in range(1200):
+            if flag.exists() or proc.poll() is not None:
+                break
+            subprocess.run(["sleep", "0.1"], check=True)
+        assert flag.exists(), proc.communicate()[1][-2000:]
+        assert [p.name for p in tmp_path.glob(".model.*.tmp")]  # a write under way
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, stderr[-2000:]
+    assert stderr.count("\n") == 1 and stderr.startswith(f"error: {words}"), stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flag"] + (["model"] if force else [])
+    if force:
+        assert _tree(out) == before
+
+
+# --------------------------------------------------------- 2. --out that is an input
+
+
+def _predict_argv(files, out, queries=None, support=None):
+    return ["--checkpoint", str(files["ckpt"]), "--support", str(support or files["support"]),
+            "--queries", str(queries or files["queries"]), "--out", str(out), "--device", "cpu"]
+
+
+def test_predict_out_that_is_an_input_is_refused(files, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(predict.Predictor, "from_checkpoint", _never)
+    q, s = tmp_path / "q.jsonl", tmp_path / "s.jsonl"
+    q.write_text(files["queries"].read_text())
+    s.write_text(files["support"].read_text())
+    (tmp_path / "link").symlink_to(tmp_path)  # the same file through a linked folder
+    os.link(q, tmp_path / "hard.jsonl")
+    (tmp_path / "soft.jsonl").symlink_to(s)
+    cases = [(q, "--queries"), (tmp_path / "link" / "q.jsonl", "--queries"),
+             (tmp_path / "sub" / ".." / "q.jsonl", "--queries"),
+             (tmp_path / "hard.jsonl", "--queries"), (tmp_path / "soft.jsonl", "--support"),
+             (s, "--support")]
+    (tmp_path / "sub").mkdir()
+    for out, what in cases:
+        err = _one_error(capsys, lambda out=out: predict.main(
+            _predict_argv(files, out, q, s)))
+        assert f"--out {out} is also {what}" in err and "give another --out" in err
+    assert q.read_text() == files["queries"].read_text()
+    assert s.read_text() == files["support"].read_text()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_fewrel_test_outputs_that_are_inputs_are_refused(files, tmp_path, capsys):
+    data = tmp_path / "val.json"
+    data.write_text(files["val"].read_text())
+    same = tmp_path / "test.json"
+
+    def make(out, answers):
+        return lambda: fewrel_test.main(["make", "--data", str(data), "--ways", "2",
+                                         "--episodes", "2", "--out", str(out),
+                                         "--answers", str(answers)])
+
+    err = _one_error(capsys, make(same, same))
+    assert f"--answers {same} is also --out {same}" in err
+    assert "is also --data" in _one_error(capsys, make(data, tmp_path / "gold.json"))
+    assert "is also --data" in _one_error(capsys, make(same, data))
+    err = _one_error(capsys, lambda: fewrel_test.main(
+        ["predict", "--checkpoint", str(files["ckpt"]), "--input", str(data), "--out",
+         str(data), "--device", "cpu"]))
+    assert "is also --input" in err
+    assert data.read_text() == files["val"].read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["val.json"]
+
+
+def test_convert_onto_the_file_being_converted_is_refused(tmp_path, capsys):
+    old = tmp_path / "model.pt"
+    old.write_bytes(b"an old pickle")
+    os.link(old, tmp_path / "model.safetensors")  # the default --out, the same file
+    for out in ([], ["--out", str(old)]):
+        err = _one_error(capsys, lambda out=out: models.main(["convert", str(old), *out]))
+        assert "is also the file being converted" in err
+    assert old.read_bytes() == b"an old pickle"
+
+
+def test_score_output_that_is_its_data_is_refused(files, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(score, "score_table", _never)
+    data = tmp_path / "own.json"
+    data.write_text(files["val"].read_text())
+    err = _one_error(capsys, lambda: score.main(["--data", str(data), "--models",
+                                                 str(tmp_path), "--out", str(tmp_path / "own")]))
+    assert f"output {data} is also --data {data}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["own.json"]
+
+
+# ---------------------------------------------------- 3. an output path that is a folder
+
+
+@pytest.mark.parametrize("end", [".json", "_report.json", ".md"])
+def test_score_output_that_is_a_folder_stops_before_scoring(files, tmp_path, capsys,
+                                                            monkeypatch, end):
+    monkeypatch.setattr(score, "score_table", _never)
+    (tmp_path / f"P{end}").mkdir()
+    err = _one_error(capsys, lambda: score.main(["--data", str(files["val"]), "--models",
+                                                 str(tmp_path), "--out", str(tmp_path / "P")]))
+    assert f"output {tmp_path / f'P{end}'} is a folder" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"P{end}"]
+
+
+def test_outputs_written_together_are_all_or_none(tmp_path):
+    """A folder that appears in place of an output while the work runs: no output is moved."""
+    paths = [tmp_path / "a.json", tmp_path / "b.md", tmp_path / "c.json"]
+    paths[1].write_text("old")
+    with pytest.raises(PipelineError, match="c.json is a folder"):
+        with atomic_paths(*paths) as tmps:
+            for tmp in tmps:
+                tmp.write_text("new")
+            paths[2].mkdir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.md", "c.json"]
+    assert paths[1].read_text() == "old"
+
+
+def test_predict_out_that_is_a_folder_stops_before_predicting(files, tmp_path, capsys,
+                                                              monkeypatch):
+    monkeypatch.setattr(predict.Predictor, "from_checkpoint", _never)
+    out = tmp_path / "preds.jsonl"
+    out.mkdir()
+    err = _one_error(capsys, lambda: predict.main(_predict_argv(files, out)))
+    assert f"output {out} is a folder" in err
+    err = _one_error(capsys, lambda: fewrel_test.main(
+        ["make", "--data", str(files["val"]), "--out", str(tmp_path / "t.json"),
+         "--answers", str(out)]))
+    assert f"--answers {out} is a folder" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["preds.jsonl"]
+
+
+# ------------------------------------------------------------------- 4. SIGTERM
+
+
+def test_sigterm_unwinds_the_write_and_exits_143(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    before = signal.getsignal(signal.SIGTERM)
+
+    def work(argv):
+        with atomic_path(out) as tmp:
+            tmp.write_text("half")
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise AssertionError("SIGTERM did not stop the work")
+
+    err = _one_error(capsys, lambda: guard.run_command(work, []), code=143)
+    assert err.startswith("error: terminated (SIGTERM)")
+    assert list(tmp_path.iterdir()) == [] and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_same_file_through_links(tmp_path):
+    a = tmp_path / "a"
+    a.write_text("x")
+    (tmp_path / "s").symlink_to(a)
+    os.link(a, tmp_path / "h")
+    assert guard.same_file(a, tmp_path / "s") and guard.same_file(a, tmp_path / "h")
+    assert guard.same_file(tmp_path / "new", tmp_path / "." / "new")  # neither exists yet
+    assert not guard.same_file(a, tmp_path / "new")
+    guard.refuse_same(a, "--out", {"--other": tmp_path / "new", "--none": None})
+    with pytest.raises(PipelineError, match="--out .* is also --in"):
+        guard.refuse_same(tmp_path / "s", "--out", {"--in": a})
