@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestration import interrupt
 from pipeline.errors import PipelineError
 
 #: How many trailing output lines of a failed DVC command go into the raised error.
@@ -211,11 +212,12 @@ def run_dvc(
     )
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            if text := line.rstrip():
-                tail.append(text)
-                log(text)
-        code = proc.wait()
+        with interrupt.cleanup(proc.terminate):  # Ctrl-C ends the run without this `except`
+            for line in proc.stdout:
+                if text := line.rstrip():
+                    tail.append(text)
+                    log(text)
+            code = proc.wait()
     except BaseException:
         # Cancelled or interrupted: do not leave the stage running on its own.
         proc.terminate()

@@ -9,8 +9,9 @@ Why not one ``dvc exp run`` call: that would be a single opaque task. DVC docume
 ``dvc exp run`` as ``dvc repro`` followed by ``dvc exp save``, so the flow splits it
 along that seam:
 
-1. check everything before the first write: the project, the overrides against
-   ``params.yaml``, a git commit when there are overrides, the targets, the cluster;
+1. check everything before the first write: the project, the overrides against every
+   section's schema and the stages' start checks (``orchestration.checks``), a git commit
+   when there are overrides, the targets, the cluster (a Dask handshake, bounded);
 2. ``set-params``: write the overrides into ``params.yaml``;
 3. one task per stage, in ``dvc repro``'s order, each ``dvc repro --single-item <stage>``;
 4. ``save-experiment``: ``dvc exp save --name <name>``, so the run shows in ``dvc exp show``;
@@ -33,6 +34,7 @@ Run it once, locally and without a server (Prefect starts a temporary one)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import time
@@ -45,14 +47,15 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from orchestration import dvc_access
+from orchestration import dvc_access, interrupt
+from orchestration.checks import check_scheduler
 from orchestration.dvc_access import PlannedStage, StageError, plan_stages, repo_root
 from orchestration.overrides import apply as apply_params
 from orchestration.overrides import describe, resolve, restore
 from pipeline.errors import PipelineError, run_cli
 from pipeline.wikidata.engine import check_cluster
 
-__all__ = ["StageError", "plan_stages", "retrain", "validate_overrides"]
+__all__ = ["StageError", "check_cluster", "plan_stages", "retrain", "validate_overrides"]
 
 #: Prefect flow name; the deployment is ``regrab-retrain/scheduled``.
 FLOW_NAME = "regrab-retrain"
@@ -116,7 +119,7 @@ def make_plan(
     stages = plan_stages(root, targets)
     if not stages:
         raise PipelineError(f"no stages to run in {root}/dvc.yaml; add stages or fix targets")
-    return Plan(root, stages, new, old, check_cluster(cluster))
+    return Plan(root, stages, new, old, check_scheduler(cluster))
 
 
 def experiment_name(run_name: str | None, run_id: str | None) -> str:
@@ -281,6 +284,7 @@ def retrain(
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
+    interrupt.set_run(flow_run.get_id())
     plan = make_plan(repo_dir, overrides, targets, cluster)
     root = str(plan.root)
     logger.info("stages in order: %s", ", ".join(s.name for s in plan.stages))
@@ -290,11 +294,14 @@ def retrain(
         exp_name = experiment_name(flow_run.get_name(), flow_run.get_id())
         texts = set_params(root, plan.new_params)
     durations: dict[str, float] = {}
+    # On Ctrl-C (python -m orchestration.flows) this `finally` never runs: undo it there too.
+    undo = (lambda: restore(plan.root / PARAMS_FILE, texts, plan.old_params)) if texts else None
     try:
-        for stage in plan.stages:
-            durations[stage.name] = stage_task(stage.name)(root, stage.name, plan.cluster)
-        if exp_name:
-            save_experiment(root, exp_name, plan.stages)
+        with interrupt.cleanup(undo) if undo else contextlib.nullcontext():
+            for stage in plan.stages:
+                durations[stage.name] = stage_task(stage.name)(root, stage.name, plan.cluster)
+            if exp_name:
+                save_experiment(root, exp_name, plan.stages)
     finally:
         if texts is not None:
             # An experiment, failed or saved, must not leave its params behind for the next
@@ -350,9 +357,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     override_map = _parse_set(args.set_param) or None
     make_plan(args.repo_dir, override_map, args.target, args.cluster)
-    metrics = retrain(
-        overrides=override_map, repo_dir=args.repo_dir, targets=args.target, cluster=args.cluster
-    )
+    with interrupt.handling():  # Ctrl-C: seconds, one line, exit 130 (not Prefect's minutes)
+        metrics = retrain(overrides=override_map, repo_dir=args.repo_dir, targets=args.target,
+                          cluster=args.cluster)
     print(json.dumps(metrics, indent=2, sort_keys=True))
     return metrics
 

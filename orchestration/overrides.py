@@ -115,38 +115,26 @@ def resolve(
     for key, value in overrides.items():
         old[key] = check_key(params, key, params_path.name)
         new[key] = parse_value(key, value) if isinstance(value, str) else value
-    check_sections(params, new)
+    check_sections(params, new, params_path.parent)
     return new, old
 
 
-def check_sections(params: dict[str, Any], new: dict[str, Any]) -> None:
-    """Check each section that ``new`` changes as its stage will read it, before any stage.
+def check_sections(params: dict[str, Any], new: dict[str, Any], root: Path) -> None:
+    """Check ``params`` with ``new`` applied as every stage will read it, before any stage.
 
-    A section that no known schema reads as it stands (another project's file) is left to
-    its stage.
+    See :func:`orchestration.checks.check_params`: every section a known schema reads, then
+    the checks that span sections (a section of another project's file is left to its stage).
 
     Raises:
-        PipelineError: an override that the stage would refuse (``train.steps=abc``).
+        PipelineError: an override that a stage would refuse (``train.steps=abc``).
     """
-    import stages  # noqa: F401  (declares each section's owner, so its schema can load)
-    from pipeline.config import check_section
+    from orchestration.checks import check_params
 
     after = copy.deepcopy(params)
     for key, value in new.items():
         _set(after, key, value)
-    for section in dict.fromkeys(key.split(".")[0] for key in new):
-        try:
-            if not check_section(section, params[section]):
-                continue
-        except PipelineError:
-            continue
-        try:
-            check_section(section, after[section])
-        except PipelineError as exc:
-            given = " ".join(f"-S {o}" for o in describe(
-                {k: v for k, v in new.items() if k.split(".")[0] == section}))
-            reason = str(exc).removesuffix("; fix params.yaml")
-            raise PipelineError(f"{given}: {reason}; change the override") from None
+    check_params(params, after, {k: f"-S {d}" for k, d in zip(new, describe(new), strict=True)},
+                 root)
 
 
 def _set(tree: Any, key: str, value: Any) -> None:
@@ -227,21 +215,26 @@ def _load(path: Path, what: str) -> dict[str, Any]:
     return tree
 
 
-def write_params(out: Path, base: Path, profiles: list[Path], sets: list[str]) -> None:
+def write_params(out: Path | None, base: Path, profiles: list[Path], sets: list[str]) -> None:
     """Write ``base`` with presets, then ``key=value`` sets, laid over it, to ``out``.
 
     The params a ``dvc exp run`` of the same presets and ``-S`` sets would see, for a
     machine without DVC. Every key must exist in ``base``; values are read as ``-S`` reads
-    them. ``out`` may be ``base`` itself; it is replaced atomically.
+    them, and the result is checked as the stages will read it before anything is written
+    (``out`` None: check only). ``out`` may be ``base`` itself; it is replaced atomically.
 
     Raises:
-        PipelineError: a missing file, an unknown key, a set without ``=``, a bad value.
+        PipelineError: a missing file, an unknown key, a set without ``=``, a bad value, a
+            value a stage would refuse.
     """
-    params = _load(base, "a params file")
+    original = _load(base, "a params file")
+    params = copy.deepcopy(original)
+    changed: dict[str, str] = {}
     for profile in profiles:
         part = _load(profile, "a partial params YAML file")
-        for key in flatten(part):
+        for key, value in flatten(part).items():
             check_key(params, key, base.name)
+            changed[key] = f"{profile.name}: {key}={json.dumps(value, default=str)}"
         params = merged(params, part)
     for item in sets:
         key, sep, text = item.partition("=")
@@ -249,6 +242,14 @@ def write_params(out: Path, base: Path, profiles: list[Path], sets: list[str]) -
             raise PipelineError(f"-S {item}: write it as key=value")
         check_key(params, key, base.name)
         _set(params, key, parse_value(key, text))
+        changed[key] = f"-S {item}"
+    if changed:
+        from orchestration.checks import check_params
+
+        # Stages given the file run from here (scripts/run_preset.sh), so paths resolve here.
+        check_params(original, params, changed, Path.cwd())
+    if out is None:
+        return
     with atomic_path(out) as tmp:
         tmp.write_text(yaml.safe_dump(params, sort_keys=False))
 
@@ -257,18 +258,33 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("profiles", type=Path, nargs="*", metavar="preset",
                         help="partial params file (params-paper-gpu.yaml)")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--params", type=Path, default=None, help="default: params.yaml")
     parser.add_argument("--write", type=Path, metavar="OUT",
                         help="write --params with the presets and -S sets to OUT instead")
     parser.add_argument("-S", "--set-param", dest="sets", action="append", default=[],
                         metavar="KEY=VALUE", help="with --write: set a key, as dvc exp run -S")
+    parser.add_argument("--check", action="store_true",
+                        help="only check the presets and -S sets as the stages will read them "
+                             "(exit 0, or one error line and exit 2); write nothing")
     args = parser.parse_args(argv)
-    if args.write:
+    params_given, args.params = args.params is not None, args.params or Path("params.yaml")
+    if args.check or args.write:
+        if args.check and args.write:
+            raise PipelineError("give --check or --write OUT, not both")
+        if (args.write and not params_given and args.write.exists()
+                and args.write.resolve() == args.params.resolve()):
+            # A plain dump would drop params.yaml's comments and layout; in place is meant
+            # for copies (scripts/run_preset.sh names --params for those).
+            raise PipelineError(f"--write {args.write} would overwrite the params file it reads; "
+                                "write to another file, or name it with --params too to "
+                                "rewrite it in place")
         write_params(args.write, args.params, args.profiles, args.sets)
         return
     if len(args.profiles) != 1 or args.sets:
         raise PipelineError("give one preset file to print its -S arguments (-S goes with "
-                            "--write, or straight to dvc exp run)")
+                            "--write or --check, or straight to dvc exp run)")
+    # Checked as the stages will read it, so `dvc exp run` refuses nothing after upstream work.
+    write_params(None, args.params, args.profiles, [])
     profile = _load(args.profiles[0], "a partial params YAML file")
     print(" ".join(overrides(profile, _load(args.params, "a params file"))))
 

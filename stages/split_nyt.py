@@ -42,15 +42,20 @@ def split_relations(relations: list[str], seed: int, sizes: dict[str, int]) -> d
     return parts
 
 
-def make_splits(table: pa.Table, out: Path, seeds: list[int], sizes: dict[str, int],
-                min_instances: int) -> dict[str, Any]:
-    """Write one folder per seed and return the ``splits.yaml`` content."""
+def check_seeds(seeds: list[int]) -> None:
+    """Refuse no seeds and repeated seeds (checked before any work, by the flow too)."""
     if not seeds:
         raise PipelineError("split_nyt.seeds is empty; give at least one seed")
     if len(set(seeds)) != len(seeds):
         raise PipelineError(
             f"split_nyt.seeds has duplicates {seeds}; repeated seeds give identical splits"
         )
+
+
+def make_splits(table: pa.Table, out: Path, seeds: list[int], sizes: dict[str, int],
+                min_instances: int) -> dict[str, Any]:
+    """Write one folder per seed and return the ``splits.yaml`` content."""
+    check_seeds(seeds)
     counts = table.group_by("relation").aggregate([("instance_id", "count")]).to_pydict()
     per_relation = dict(zip(counts["relation"], counts["instance_id_count"], strict=True))
     too_small = {r: n for r, n in sorted(per_relation.items()) if n < min_instances}

@@ -287,8 +287,12 @@ def test_cluster_address_reaches_only_the_cluster_stages(
     monkeypatch.delenv("REGRAB_DASK_ADDRESS", raising=False)
     # The tiny project has no parse_wikidata; let `train` stand in for it.
     monkeypatch.setattr(flows, "CLUSTER_STAGES", frozenset({"train"}))
-    with socket.create_server(("127.0.0.1", 0)) as scheduler:  # something that answers
-        address = f"127.0.0.1:{scheduler.getsockname()[1]}"
+    from distributed import LocalCluster
+
+    # A real scheduler: the flow checks Dask's handshake, not only that a port answers.
+    with LocalCluster(n_workers=0, processes=False, protocol="tcp://",
+                      dashboard_address=":0") as scheduler:
+        address = scheduler.scheduler_address.removeprefix("tcp://")
         state = retrain(
             repo_dir=str(tiny_repo), targets=["train"], cluster=address, return_state=True
         )

@@ -85,10 +85,13 @@ def test_written_params_are_what_dvc_exp_run_with_the_preset_sees(tmp_path: Path
     args = overrides(yaml.safe_load(Path(preset).read_text()),
                      yaml.safe_load(Path("params.yaml").read_text()))
     written = tmp_path / "written.yaml"
+    encoder = tmp_path / "mini lm"  # checked as train will resolve it: it must exist
+    encoder.mkdir()
+    (encoder / "config.json").write_text("{}")
     write_params(written, tmp_path / "params.yaml", [Path(preset)],
-                 ["model.encoder.name='.enc/mini lm'", "train.splits=[split_0,split_1]"])
+                 [f"model.encoder.name='{encoder}'", "train.splits=[split_0,split_1]"])
     sets = dict(a.split("=", 1) for a in args[1::2])
-    sets |= {"model.encoder.name": "'.enc/mini lm'", "train.splits": "[split_0,split_1]"}
+    sets |= {"model.encoder.name": f"'{encoder}'", "train.splits": "[split_0,split_1]"}
     apply(tmp_path / "params.yaml", resolve(tmp_path / "params.yaml", sets)[0])
     assert typed(written) == typed(tmp_path / "params.yaml")
     assert yaml.safe_load(written.read_text())["train"]["splits"] == ["split_0", "split_1"]

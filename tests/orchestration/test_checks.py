@@ -1,0 +1,148 @@
+"""Everything checked before Prefect or DVC starts; Ctrl-C ends a one-off run in seconds."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestration import interrupt
+from orchestration.checks import check_scheduler
+from orchestration.flows import make_plan
+from orchestration.overrides import main as overrides_main
+from orchestration.overrides import resolve
+from pipeline.errors import PipelineError
+from tests.pipeline.test_bad_inputs import ROOT, one_error_line, run
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A folder holding a copy of the project's params.yaml."""
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    return tmp_path
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("split_nyt.seeds", "[]", "-S split_nyt.seeds=[]: split_nyt.seeds is empty"),
+    ("split_nyt.seeds", "[1, 1]", "split_nyt.seeds has duplicates [1, 1]"),
+    ("model.encoder.name", "./no-such-encoder", "encoder path ./no-such-encoder does not exist"),
+    ("model.encoder.name", "..", "encoder folder .. has no config.json"),
+    ("benchmarks.fewrel.train.steps", "abc",
+     "train (with benchmarks.fewrel.train).steps = 'abc': expected an integer"),
+    ("train.ways", "[20]", "-S train.ways=[20]: comparison.max_ways 10 is below every train.ways"),
+    ("prepare_fewshot.datasets", "[a, a]", "prepare_fewshot.datasets lists ['a'] more than once"),
+])
+def test_overrides_are_checked_as_every_stage_reads_them(project, key, value, message):
+    with pytest.raises(PipelineError, match="change the override$") as err:
+        resolve(project / "params.yaml", {key: value})
+    assert message in str(err.value)
+
+
+def test_a_good_override_passes_and_a_relative_encoder_is_found_from_the_root(project):
+    (project / "enc").mkdir()
+    (project / "enc" / "config.json").write_text("{}")
+    assert resolve(project / "params.yaml", {"model.encoder.name": "enc"})[0] == {
+        "model.encoder.name": "enc"}
+
+
+def test_empty_seeds_is_one_line_before_prefect_starts():
+    line = one_error_line(run(["-m", "orchestration.flows", "-S", "split_nyt.seeds=[]"]))
+    assert line == ("error: -S split_nyt.seeds=[]: split_nyt.seeds is empty; give at least one "
+                    "seed; change the override")
+
+
+def test_write_checks_before_writing_and_refuses_its_own_params_file(project, monkeypatch):
+    monkeypatch.chdir(project)
+    out = project / "out.yaml"
+    with pytest.raises(PipelineError, match="train.steps = 'abc': expected an integer"):
+        overrides_main(["--write", str(out), "-S", "train.steps=abc"])
+    assert not out.exists()
+    original = (project / "params.yaml").read_text()
+    with pytest.raises(PipelineError, match="would overwrite the params file it reads"):
+        overrides_main(["--write", "params.yaml", "-S", "train.steps=7"])
+    assert (project / "params.yaml").read_text() == original
+    # Named with --params too, in place is what it asks for (scripts/run_preset.sh).
+    overrides_main(["--write", str(out), "-S", "train.steps=7"])
+    overrides_main(["--write", str(out), "--params", str(out), "-S", "train.steps=8"])
+    assert yaml.safe_load(out.read_text())["train"]["steps"] == 8
+
+
+def test_check_writes_nothing_and_fails_on_a_bad_value(project, monkeypatch):
+    monkeypatch.chdir(project)
+    overrides_main(["--check", "-S", "train.steps=7"])
+    with pytest.raises(PipelineError, match="expected a number >= 1; change the override"):
+        overrides_main(["--check", "-S", "train.steps=-5"])
+    assert sorted(p.name for p in project.iterdir()) == ["params.yaml"]
+
+
+def test_a_cluster_that_accepts_but_is_no_scheduler_is_refused_in_seconds(tiny_repo):
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        start = time.monotonic()
+        with pytest.raises(PipelineError, match=f"no Dask scheduler answers at tcp://{address}"):
+            make_plan(str(tiny_repo), cluster=address)
+        assert time.monotonic() - start < 30
+
+
+def test_a_dask_scheduler_passes_the_cluster_check():
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=0, processes=False, protocol="tcp://",
+                      dashboard_address=":0") as cluster:
+        assert check_scheduler(cluster.scheduler_address) == cluster.scheduler_address
+
+
+def test_ctrl_c_undoes_marks_the_run_and_ends_with_130(capsys, monkeypatch):
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    undone, marked, ended, stopped = [], [], [], []
+    interrupt.set_run("run-1")
+    with interrupt.cleanup(lambda: undone.append("params")), \
+            interrupt.cleanup(lambda: undone.append("dvc")):
+        interrupt.on_interrupt(mark=marked.append, stop=lambda: stopped.append(1),
+                               end=ended.append)
+    assert undone == ["dvc", "params"] and marked == ["run-1"] and stopped and ended == [130]
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: interrupted (Ctrl-C); flow run run-1 marked Cancelled")
+    # An API that does not answer costs the bounded wait, not Prefect's minutes of retries.
+    start = time.monotonic()
+    interrupt.on_interrupt(mark=lambda run: time.sleep(60), stop=lambda: None, end=ended.append,
+                           timeout_s=0.5)
+    assert time.monotonic() - start < 5 and ended == [130, 130]
+    assert "could not be marked Cancelled" in capsys.readouterr().err
+    interrupt.set_run(None)
+
+
+SIGNALLED = """
+import os, signal, time
+from pathlib import Path
+from orchestration import interrupt
+with interrupt.handling():
+    interrupt.set_run("00000000-0000-0000-0000-000000000000")
+    with interrupt.cleanup(lambda: Path("undone").write_text("yes")):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(60)
+"""
+
+
+def test_a_real_sigint_ends_in_seconds_against_a_dead_api(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, not listening: the API is gone
+        env = {**os.environ, "PYTHONPATH": str(ROOT),
+               "PREFECT_API_URL": f"http://127.0.0.1:{sock.getsockname()[1]}/api"}
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", SIGNALLED], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == interrupt.INTERRUPTED, done.stderr[-2000:]
+    assert time.monotonic() - start < 60
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: interrupted (Ctrl-C); flow run 00000000") and "Traceback" \
+        not in done.stderr
+    assert (tmp_path / "undone").read_text() == "yes"
