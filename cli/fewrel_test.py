@@ -53,9 +53,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from cli.files import check_readable
 from cli.guard import refuse_same, run_command
+from cli.limits import check_episodes, check_seed, check_threads
 from model.episodes import mean_ci95
-from model.predict.predictor import Predictor, predictive_summary
+from model.predict.predictor import NonFinite, Predictor, predictive_summary
 from model.predict.sentences import Sentence, parse_sentence
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError
@@ -135,6 +137,10 @@ def make_episodes(data: Any, ways: int, shots: int, count: int, seed: int,
     if len(relations) < ways:
         raise PipelineError(f"{ways}-way episodes need {ways} relations with more than {shots} "
                             f"records; {source} has {len(relations)}; lower --ways or --shots")
+    # Each episode's N * K + 1 records are held as Sentences and as JSON text (twice while it
+    # is joined) before the file is written.
+    sample = [r for rel in relations[:20] for r in data[rel][:10]]
+    check_episodes(count, 4 * (ways * shots + 1) * record_bytes(sample))
     rng = np.random.default_rng(seed)
     inputs, gold = [], []
     for _ in range(count):
@@ -188,15 +194,32 @@ def predict_episodes(predictor: Predictor, episodes: Sequence[TestEpisode],
         # Seeded per episode, as Predictor.sample_logits seeds each call.
         gen = torch.Generator(device=enc.device).manual_seed(predictor.seed)
         logits = head.sample_logits(sup, query, means[n], gen)[0]  # (S, 1, N)
-        answers.append(int(predictive_summary(logits)[0][0].argmax()))
+        probs = predictive_summary(logits)[0][0]  # (N,)
+        if not bool(torch.isfinite(probs).all()):  # its argmax would be way 0, silently
+            raise NonFinite([len(answers)], len(episodes), f"episode {len(answers)}")
+        answers.append(int(probs.argmax()))
     done = time.perf_counter()
     return answers, {"sentences": float(len(unique)), "encode_s": encoded - start,
                      "head_s": done - encoded}
 
 
-def _write_json(obj: Any, path: Path) -> None:
+def _write_json(obj: Any, path: Path, source: Path | None = None) -> None:
+    """``obj`` as strict JSON (no bare NaN or Infinity, which strict readers refuse)."""
+    try:
+        text = json.dumps(obj, allow_nan=False)
+    except ValueError as exc:  # NaN or Infinity in the records of ``source``
+        raise PipelineError(f"{path} would hold NaN or Infinity, which is not JSON; remove "
+                            f"them from {source}") from exc
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj) + "\n")
+        tmp.write_text(text + "\n")
+
+
+def record_bytes(records: Sequence[Any]) -> int:
+    """The mean size of ``records`` written as JSON (at least 1)."""
+    try:
+        return max(sum(len(json.dumps(r)) for r in records) // max(len(records), 1), 1)
+    except (TypeError, ValueError, RecursionError):  # parse_episodes names what is wrong
+        return 1
 
 
 def _answers(path: Path, what: str) -> list[int]:
@@ -209,6 +232,11 @@ def _answers(path: Path, what: str) -> list[int]:
 
 
 def run_predict(args: argparse.Namespace) -> dict[str, Any]:
+    if args.batch_size < 1:
+        raise PipelineError("--batch-size must be >= 1")
+    check_seed(args.seed)
+    check_threads(args.threads)
+    check_readable(args.input, "--input")
     check_writable(args.out)
     refuse_same(args.out, "--out", {"--input": args.input, "--checkpoint": args.checkpoint})
     episodes = parse_episodes(load_json(args.input, fix=(
@@ -229,6 +257,8 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_make(args: argparse.Namespace) -> dict[str, Any]:
+    check_seed(args.seed)
+    check_readable(args.data, "--data")
     check_writable(args.out)
     check_writable(args.answers, "--answers")
     refuse_same(args.out, "--out", {"--data": args.data})
@@ -237,7 +267,7 @@ def run_make(args: argparse.Namespace) -> dict[str, Any]:
     inputs, gold = make_episodes(data, args.ways, args.shots, args.episodes, args.seed,
                                  str(args.data))
     parse_episodes(inputs, str(args.data))  # the records must be readable, now not later
-    _write_json(inputs, args.out)
+    _write_json(inputs, args.out, args.data)
     _write_json(gold, args.answers)
     print(f"{len(inputs)} {args.ways}-way {args.shots}-shot episodes -> {args.out}, gold "
           f"answers -> {args.answers}")
@@ -245,6 +275,8 @@ def run_make(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_score(args: argparse.Namespace) -> dict[str, Any]:
+    check_readable(args.pred, "--pred")
+    check_readable(args.answers, "--answers")
     pred, gold = _answers(args.pred, "--pred"), _answers(args.answers, "--answers")
     if len(pred) != len(gold):
         raise PipelineError(f"--pred has {len(pred)} answers but --answers has {len(gold)}; "
@@ -265,16 +297,19 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--input", type=Path, required=True, help="FewRel test input JSON")
     pr.add_argument("--out", type=Path, required=True,
                     help="answer file (JSON list of ints); never --input")
-    pr.add_argument("--seed", type=int, default=0, help="seeds the posterior samples")
+    pr.add_argument("--seed", type=int, default=0,
+                    help="seeds the posterior samples, 0 to 2**63 - 1")
     pr.add_argument("--device", default="auto", help="auto | cpu | cuda")
     pr.add_argument("--batch-size", type=int, default=64, help="sentences per encoder batch")
-    pr.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
+    pr.add_argument("--threads", type=int, default=0,
+                    help="torch threads, at most the CPUs (0: its default)")
     mk = sub.add_parser("make", help="test input and gold answers from a FewRel-format file")
     mk.add_argument("--data", type=Path, required=True, help="e.g. val_wiki.json")
     mk.add_argument("--ways", type=int, default=5)
     mk.add_argument("--shots", type=int, default=1)
-    mk.add_argument("--episodes", type=int, default=1000)
-    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--episodes", type=int, default=1000,
+                    help="at most what fits in half the machine's memory")
+    mk.add_argument("--seed", type=int, default=0, help="0 to 2**63 - 1")
     mk.add_argument("--out", type=Path, required=True,
                     help="test input JSON to write; never --data or --answers")
     mk.add_argument("--answers", type=Path, required=True,

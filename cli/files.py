@@ -1,7 +1,8 @@
 """Input and output files of ``regrab-predict``: JSONL, Parquet or text in, JSONL or Parquet out.
 
 Records keep the line (JSONL, text) or 1-based row (Parquet) they came from, so a skipped
-query can be named and an output row joined back to its input.
+query can be named and an output row joined back to its input. The JSONL written is strict
+JSON (no bare ``NaN``), which every JSON reader takes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cli.text import lone_surrogate
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, check_writable
 
@@ -30,6 +32,19 @@ def _kind(path: Path, allowed: tuple[str, ...], what: str) -> str:
     return suffix
 
 
+def check_readable(path: Path, flag: str) -> None:
+    """Stop when ``path`` is a folder or a file this process cannot read; a path that does
+    not exist is left to the reader, which says so in its own words."""
+    if path.is_dir():
+        raise PipelineError(f"{flag} {path} is a folder; give a file")
+    if path.exists():
+        try:
+            path.open("rb").close()
+        except OSError as exc:
+            raise PipelineError(f"{flag} {path} cannot be read ({exc.strerror}); check its "
+                                "permissions or give another file") from exc
+
+
 def check_output(path: Path) -> str:
     """The output format of ``path`` (its extension), once it is known to be writable there."""
     kind = _kind(path, OUTPUT_FORMATS, "output")
@@ -40,8 +55,9 @@ def check_output(path: Path) -> str:
 def read_records(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int, Any]]:
     """``(line or row, record)`` for every record of a JSONL, Parquet or text file.
 
-    A JSONL line that is not JSON yields a :class:`PipelineError` as its record, so the
-    caller decides whether it skips it or stops. Blank lines are ignored.
+    A JSONL line that is not JSON, or whose strings hold a lone surrogate (``"\\ud800"``,
+    which no output can store), yields a :class:`PipelineError` as its record, so the caller
+    decides whether it skips it or stops. Blank lines are ignored.
     """
     path = Path(path)
     kind = _kind(path, INPUT_FORMATS, what)
@@ -70,11 +86,18 @@ def read_records(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int,
             yield number, line.strip()
             continue
         try:
-            yield number, json.loads(line)
+            record = json.loads(line)
         except json.JSONDecodeError as exc:
             yield number, PipelineError(f"not JSON ({exc.msg} at column {exc.colno})")
+            continue
         except RecursionError:
             yield number, PipelineError("JSON nested too deeply to be a sentence record")
+            continue
+        # Only a \u escape can make one; a surrogate pair escaped this way is fine.
+        if "\\u" in line and lone_surrogate(record):
+            record = PipelineError("holds a lone surrogate (a \\ud800-\\udfff escape that is "
+                                   "half of a UTF-16 pair), which is not text; fix the escape")
+        yield number, record
 
 
 def _is_fewrel(text: str) -> bool:
@@ -101,7 +124,7 @@ def write_predictions(rows: list[dict[str, Any]], relations: list[str],
         if kind == ".jsonl":
             with tmp.open("w", encoding="utf-8") as fh:
                 for row in rows:
-                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    fh.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
             return
         schema = pa.schema([
             pa.field("line", pa.int64(), nullable=False),

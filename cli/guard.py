@@ -4,7 +4,8 @@
   outputs), by name, symlink or hard link, stops the command before any work.
 * :func:`run_command`: :func:`pipeline.errors.run_cli`, plus SIGTERM (``kill``, a job
   scheduler's stop) unwinding like Ctrl-C, so the temporaries of an unfinished write are
-  removed; it ends with one ``error:`` line and exit status 143.
+  removed; it ends with one ``error:`` line and exit status 143. Everything the command
+  prints meanwhile goes through :func:`cli.text.printable` (:func:`escaped_output`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from cli.text import EscapingStream
 from pipeline.errors import PipelineError, run_cli
 
 #: Exit status of a command stopped by SIGTERM, as a shell reports it (128 + 15).
@@ -57,13 +60,36 @@ def _terminate(owner: int) -> None:
     raise Terminated
 
 
+@contextmanager
+def escaped_output() -> Iterator[None]:
+    """stdout and stderr escape control characters and lone surrogates until the end.
+
+    Relation names, sentences and paths come from the user: printed raw, an ESC could
+    recolour or clear the terminal, and a lone surrogate would crash the print itself.
+    """
+    if isinstance(sys.stdout, EscapingStream):  # a command run inside another's run
+        yield
+        return
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = EscapingStream(sys.stdout), EscapingStream(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def run_command(main: Callable[[list[str] | None], object],
                 argv: list[str] | None = None) -> None:
     """Run a command's ``main`` as :func:`pipeline.errors.run_cli` does; SIGTERM exits 143.
 
     Bad input exits 2, Ctrl-C 130, SIGTERM 143, each with one ``error:`` line and no output
-    left half-written.
+    left half-written; what it prints is escaped (:func:`escaped_output`).
     """
+    with escaped_output():
+        _run(main, argv)
+
+
+def _run(main: Callable[[list[str] | None], object], argv: list[str] | None) -> None:
     if threading.current_thread() is not threading.main_thread():
         run_cli(main, argv)  # signal handlers can only be set from the main thread
         return

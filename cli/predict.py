@@ -1,7 +1,8 @@
 """``regrab-predict``: label new sentences with a trained checkpoint, with uncertainty.
 
 Support rows ``{"relation": "P40", <sentence>}`` give labelled examples; a row with a relation
-and no sentence, or ``--zero-shot P19,P27``, adds a relation predicted from its prior alone.
+and no sentence, or ``--zero-shot P19,P27``, adds a relation predicted from its prior alone
+(a comma inside parentheses does not split: ``--zero-shot 'Cause-Effect(e2,e1)'``).
 A relation outside the checkpoint's graph gets a prior read from its name (a row's ``name``,
 ``--name REL=NAME``, or the key itself, e.g. ``gene_found_in_organism``); the summary says
 which prior each relation used (graph, label, fallback).
@@ -31,12 +32,49 @@ from tqdm import tqdm
 
 from cli.files import check_output, read_records, write_predictions
 from cli.guard import refuse_same, run_command
-from model.predict.predictor import Predictor
+from cli.limits import check_seed, check_threads
+from cli.text import lone_surrogate
+from model.predict.predictor import NonFinite, Predictor
 from model.predict.sentences import Sentence, has_sentence, parse_sentence
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError
 
 SHOWN_SKIPS = 5
+
+
+def split_relations(text: str) -> list[str]:
+    """The relation ids of a ``--zero-shot`` value: comma-separated, where a comma inside
+    parentheses (SemEval's ``Cause-Effect(e2,e1)``) belongs to the id.
+
+    Raises:
+        PipelineError: parentheses that do not pair up in a value with commas.
+    """
+    if "," not in text:  # one id, whatever its parentheses
+        return [text.strip()] if text.strip() else []
+    ids, part, depth = [], [], 0
+    for ch in text:
+        if ch == "," and depth == 0:
+            ids.append("".join(part))
+            part = []
+            continue
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth < 0:
+            break
+        part.append(ch)
+    if depth != 0:
+        raise PipelineError(f"--zero-shot {text!r}: its parentheses do not pair up, so where "
+                            "one relation ends is unclear; pair them, or give that relation "
+                            "its own --zero-shot")
+    return [r.strip() for r in [*ids, "".join(part)] if r.strip()]
+
+
+def _text(value: str, what: str) -> str:
+    """``value`` when UTF-8 can write it (an undecodable byte of the command line is a lone
+    surrogate here)."""
+    if lone_surrogate(value):
+        raise PipelineError(f"{what} {value!r} is not valid text (it holds a lone surrogate, "
+                            "half of a UTF-16 pair, or a byte that is not UTF-8); fix it")
+    return value
 
 
 def read_support(path: Path | None, zero_shot: list[str]) -> dict[str, list[Sentence]]:
@@ -57,6 +95,7 @@ def read_support(path: Path | None, zero_shot: list[str]) -> dict[str, list[Sent
                 except PipelineError as exc:
                     raise PipelineError(f"{where}: {exc}") from None
     for r in zero_shot:
+        _text(r, "--zero-shot relation")
         if support.get(r):
             raise PipelineError(f"relation {r} has support sentences in {path} and is also in "
                                 "--zero-shot; drop one of the two")
@@ -75,7 +114,7 @@ def read_names(path: Path | None, given: list[str]) -> dict[str, str]:
             if isinstance(rec, dict) and isinstance(rec.get("name"), str) and rec["name"].strip():
                 names[str(rec.get("relation"))] = rec["name"].strip()
     for item in given:
-        rel, sep, name = item.partition("=")
+        rel, sep, name = _text(item, "--name").partition("=")
         if not sep or not rel.strip() or not name.strip():
             raise PipelineError(f"--name {item!r}: write it as RELATION=NAME, e.g. "
                                 "--name 'gene_found_in_organism=found in organism'")
@@ -115,7 +154,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="model.safetensors of the train stage, or a model folder "
                         "(regrab-models export)")
     p.add_argument("--support", type=Path, help="JSONL/Parquet rows {relation, sentence}")
-    p.add_argument("--zero-shot", default="", help="comma-separated relation ids, no support")
+    p.add_argument("--zero-shot", action="append", default=[], metavar="IDS",
+                   help="relations predicted from their prior alone, no support: comma-"
+                        "separated ids (P19,P27); a comma inside parentheses does not split "
+                        "('Cause-Effect(e2,e1)'); repeatable")
     p.add_argument("--name", action="append", default=[], metavar="REL=NAME",
                    help="name of a relation outside the checkpoint's graph, read as its prior "
                         "(repeatable; default: read from the relation key, e.g. "
@@ -126,14 +168,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "before any work)")
     p.add_argument("--threshold", type=float, default=0.0,
                    help="abstain when the top probability is below this (0: never)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the posterior samples")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the posterior samples, 0 to 2**63 - 1")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--batch-size", type=int, default=64, help="sentences per encoder batch")
     p.add_argument("--chunk", type=int, default=2048, help="queries per prediction call")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads, at most the CPUs (0: torch default)")
     args = p.parse_args(argv)
     if args.batch_size < 1 or args.chunk < 1:
         raise PipelineError("--batch-size and --chunk must be >= 1")
+    check_seed(args.seed)
+    check_threads(args.threads)
     check_output(args.out)  # before the predictions, not after them
     refuse_same(args.out, "--out", {"--queries": args.queries, "--support": args.support})
     return args
@@ -144,7 +190,7 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     set_threads(args.threads)
     device = select_device(args.device, "--device")
-    zero_shot = [r.strip() for r in args.zero_shot.split(",") if r.strip()]
+    zero_shot = [r for given in args.zero_shot for r in split_relations(given)]
     support = read_support(args.support, zero_shot)
     names = read_names(args.support, args.name)
     queries, skipped = read_queries(args.queries)
@@ -156,7 +202,11 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
     starts = range(0, len(queries), args.chunk)
     for s in tqdm(starts, desc="predict", unit="chunk", disable=len(starts) < 2):
         part = queries[s : s + args.chunk]
-        preds = predictor.predict([q["sentence"] for q in part])
+        try:
+            preds = predictor.predict([q["sentence"] for q in part])
+        except NonFinite as exc:  # name the query by its line, not its place in the chunk
+            raise NonFinite(exc.queries, len(part),
+                            f"{args.queries} line {part[exc.queries[0]]['line']}") from None
         for q, rec in zip(part, preds.records(), strict=True):
             rows.append({"line": q["line"], "id": q["id"], "text": q["sentence"].marked(),
                          **rec, "gold": q["gold"]})

@@ -30,16 +30,61 @@ from typing import Any
 
 import torch
 
+from cli.files import check_readable
 from cli.guard import refuse_same, run_command
+from cli.limits import check_episodes, check_threads
+from cli.text import lone_surrogate
 from model.episodes import Setting
 from model.evaluation.splits import EvalConfig
 from model.evaluation.transfer import score_table
+from model.methods import registry
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
+from pipeline.errors import PipelineError
 from pipeline.fewrel import convert, load_json
 from pipeline.io import atomic_paths, check_writable
 
 log = logging.getLogger(__name__)
+
+
+def parse_settings(text: str) -> list[Setting]:
+    """``--settings``: N-way K-shot settings of at least 2 ways each."""
+    settings = [Setting.parse(s) for s in text.split(",") if s]
+    for s in settings:
+        if s.ways < 2:
+            raise PipelineError(
+                f"--settings {s.name} has {s.ways} way(s): with fewer than 2 candidates every "
+                "answer is right, so every method would score 100%; give 2 or more ways, "
+                "e.g. 5w1s")
+    return settings
+
+
+def refuse_lone_surrogates(data: object, path: Path) -> None:
+    """Stop when a relation id or record of FewRel ``data`` holds a lone surrogate (a JSON
+    ``"\\ud800"`` escape), which no table or report can store."""
+    if not isinstance(data, dict) or not lone_surrogate(data):
+        return
+    for relation, records in data.items():
+        if lone_surrogate(relation):
+            raise PipelineError(f"--data {path}: relation {relation!r} holds a lone surrogate "
+                                "(half of a UTF-16 pair, a \\ud800-\\udfff escape), which is "
+                                "not text; fix the escape")
+        for i, record in enumerate(records if isinstance(records, list) else [records]):
+            if lone_surrogate(record):
+                raise PipelineError(f"--data {path}: record {i} of relation {relation!r} holds "
+                                    "a lone surrogate (half of a UTF-16 pair, a \\ud800-"
+                                    "\\udfff escape), which is not text; fix the escape")
+
+
+def episode_bytes(relations: int, settings: list[Setting], queries: int, methods: int) -> int:
+    """An estimate of the memory one episode of every setting holds while it is scored.
+
+    Drawing an episode sorts a random key per relation (16 bytes each); its sentence rows
+    (8 bytes per support and query sentence) are kept, and so are each method's confidence
+    and hit per query (16 bytes).
+    """
+    return 16 * relations + sum(8 * s.ways * (s.shots + queries)
+                                + 16 * methods * s.ways * queries for s in settings)
 
 
 def score(argv: list[str] | None = None) -> dict[str, Any]:
@@ -54,30 +99,43 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
                              "not at all")
     parser.add_argument("--methods", default=None,
                         help="comma-separated (default: every method trained on every split)")
-    parser.add_argument("--settings", default="5w1s,5w5s,10w1s,10w5s")
+    parser.add_argument("--settings", default="5w1s,5w5s,10w1s,10w5s",
+                        help="comma-separated N-way K-shot settings, N >= 2")
     parser.add_argument("--episodes", type=int, default=None,
-                        help="episodes per setting and split (default: evaluate.episodes)")
+                        help="episodes per setting and split (default: evaluate.episodes); "
+                             "at most what fits in half the machine's memory")
     parser.add_argument("--keep-trained", action="store_true",
                         help="keep (and flag) relations a checkpoint was trained on")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"),
                         help="evaluate section: queries, seed, batch sizes, device")
     args = parser.parse_args(argv)
+    check_readable(args.data, "--data")
+    check_readable(args.params, "--params")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     outputs = [args.out.with_name(args.out.name + end) for end in (".json", "_report.json",
                                                                     ".md")]
     for path in outputs:  # every one before the scoring, not after it
         check_writable(path)
         refuse_same(path, "output", {"--data": args.data, "--params": args.params})
-    settings = [Setting.parse(s) for s in args.settings.split(",") if s]
+    settings = parse_settings(args.settings)
+    wanted = [m for m in args.methods.split(",") if m] if args.methods else None
     base = load_section(EvalConfig, "evaluate", args.params)
-    table, parsed = convert(args.data.stem, load_json(args.data, fix=(
-        "give --data a FewRel-format JSON file: {relation: [{tokens, h, t}, ...]}")), {})
+    data = load_json(args.data, fix=(
+        "give --data a FewRel-format JSON file: {relation: [{tokens, h, t}, ...]}"))
+    refuse_lone_surrogates(data, args.data)
+    table, parsed = convert(args.data.stem, data, {})
+    # Before anything is drawn: every setting's episodes are held at once.
+    check_episodes(args.episodes or base.episodes, episode_bytes(
+        len(parsed["instances_per_relation"]), settings, base.queries,
+        len(wanted or registry.names()) + 1),
+        "--episodes" if args.episodes else f"{args.params} evaluate.episodes")
+    check_threads(base.threads, f"{args.params} evaluate.threads")
     set_threads(base.threads)
     device = select_device(base.device, f"{args.params} evaluate.device")
     with torch.no_grad():
         result = score_table(
             args.data.name, table, args.models, base, settings, device,
-            methods=[m for m in args.methods.split(",") if m] if args.methods else None,
+            methods=wanted,
             episodes=args.episodes, keep_trained=args.keep_trained,
             listed=parsed["instances_per_relation"])
     summary, cfg, methods = result["summary"], result["cfg"], result["methods"]

@@ -22,62 +22,82 @@ from model.encoder.sentence import EncoderConfig
 from model.posterior.langevin import LangevinConfig
 from model.prior.gcn import GraphPriorConfig
 from pipeline.config import field, parse_section, register_section
+from pipeline.errors import PipelineError
+
+#: Upper limits of the head sizes. A checkpoint anybody can hand over carries these sizes and
+#: the model is built from them before its weights are read, so a hostile size must be refused
+#: before it allocates; real heads stay far below (params.yaml: widths 16 to 256, 1 or 2
+#: layers).
+MAX_WIDTH = 16_384
+MAX_LAYERS = 64
+#: Limit of the chunk sizes: a chunk bounds the memory of one forward pass (params.yaml's
+#: largest is 2^20).
+MAX_CHUNK = 1 << 28
 
 
 @dataclass(frozen=True)
 class GNNConfig:
     """``model.heads.gnn``: sizes of the few-shot GNN (:mod:`model.methods.gnn`)."""
 
-    width: int = field(ge=1, doc="node features after projecting the D-dimensional encoding")
-    growth: int = field(ge=1, doc="features each hidden graph convolution adds (dense "
-                                  "concatenation)")
-    layers: int = field(ge=0, doc="hidden graph convolutions before the output one")
-    metric_hidden: int = field(ge=1, doc="width of P and of the hidden layer of each "
-                                         "adjacency MLP")
-    chunk_pairs: int = field(ge=1, doc="at most this many (node, neighbour) pairs per forward "
-                                       "pass; larger batches of episodes are split into chunks "
-                                       "(exact: episodes are independent), which bounds "
-                                       "evaluation memory")
+    width: int = field(ge=1, le=MAX_WIDTH,
+                       doc="node features after projecting the D-dimensional encoding")
+    growth: int = field(ge=1, le=MAX_WIDTH,
+                        doc="features each hidden graph convolution adds (dense "
+                            "concatenation)")
+    layers: int = field(ge=0, le=MAX_LAYERS, doc="hidden graph convolutions before the output one")
+    metric_hidden: int = field(ge=1, le=MAX_WIDTH, doc="width of P and of the hidden layer of each "
+                                                       "adjacency MLP")
+    chunk_pairs: int = field(ge=1, le=MAX_CHUNK,
+                             doc="at most this many (node, neighbour) pairs per forward "
+                                 "pass; larger batches of episodes are split into chunks "
+                                 "(exact: episodes are independent), which bounds "
+                                 "evaluation memory")
 
 
 @dataclass(frozen=True)
 class SnailConfig:
     """``model.heads.snail``: sizes of the SNAIL head (:mod:`model.methods.snail`)."""
 
-    width: int = field(ge=1, doc="features after projecting the D-dimensional encoding")
-    filters: int = field(ge=1, doc="features each dense block adds")
-    dilations: tuple[int, ...] = field(ge=1, doc="the dilations of the dense blocks of one TC "
-                                                 "block")
+    width: int = field(ge=1, le=MAX_WIDTH,
+                       doc="features after projecting the D-dimensional encoding")
+    filters: int = field(ge=1, le=MAX_WIDTH, doc="features each dense block adds")
+    dilations: tuple[int, ...] = field(ge=1, le=MAX_WIDTH,
+                                       doc="the dilations of the dense blocks of one TC "
+                                           "block")
     attention: tuple[tuple[int, int], ...] = field(doc="(key size, value size) of each "
                                                        "attention block; TC blocks sit "
                                                        "between them")
-    chunk_positions: int = field(ge=1, doc="at most this many sequence positions per forward "
-                                           "pass; larger batches of episodes are split into "
-                                           "chunks (exact: episodes are independent), which "
-                                           "bounds evaluation memory")
+    chunk_positions: int = field(ge=1, le=MAX_CHUNK,
+                                 doc="at most this many sequence positions per forward "
+                                     "pass; larger batches of episodes are split into "
+                                     "chunks (exact: episodes are independent), which "
+                                     "bounds evaluation memory")
 
     def __post_init__(self) -> None:
-        if not self.attention or any(len(a) != 2 or min(a) < 1 for a in self.attention):
-            raise ValueError(f"snail attention {list(self.attention)} must be one or more "
-                             "[key size, value size] pairs of positive sizes")
+        if not self.attention or any(len(a) != 2 or not 1 <= min(a) <= max(a) <= MAX_WIDTH
+                                     for a in self.attention):
+            raise ValueError(f"snail attention {list(self.attention)[:4]} must be one or more "
+                             f"[key size, value size] pairs of sizes 1 to {MAX_WIDTH}")
 
 
 @dataclass(frozen=True)
 class PairConfig:
     """``model.heads.pair``: sizes of the pair head (:mod:`model.methods.pair`)."""
 
-    blocks: int = field(ge=1, doc="readout blocks of the encoding, one token each (4 for "
-                                  "markers_mean); 1 is used when D is not a multiple of it")
-    width: int = field(ge=1, doc="token width of the pair encoder")
-    heads: int = field(ge=1, doc="attention heads of each layer (must divide width)")
-    layers: int = field(ge=1, doc="transformer encoder layers over a pair's tokens")
-    ff: int = field(ge=1, doc="hidden width of each layer's feed-forward")
+    blocks: int = field(ge=1, le=MAX_LAYERS,
+                        doc="readout blocks of the encoding, one token each (4 for "
+                            "markers_mean); 1 is used when D is not a multiple of it")
+    width: int = field(ge=1, le=MAX_WIDTH, doc="token width of the pair encoder")
+    heads: int = field(ge=1, le=MAX_LAYERS, doc="attention heads of each layer (must divide width)")
+    layers: int = field(ge=1, le=MAX_LAYERS, doc="transformer encoder layers over a pair's tokens")
+    ff: int = field(ge=1, le=4 * MAX_WIDTH, doc="hidden width of each layer's feed-forward")
     dropout: float = field(ge=0, lt=1, doc="dropout of each layer (attention weights, "
                                            "residual branches, feed-forward)")
-    chunk_pairs: int = field(ge=1, doc="at most this many (query, support) pairs per forward "
-                                       "pass; larger batches of episodes are split into chunks "
-                                       "(exact: episodes are independent), which bounds "
-                                       "evaluation memory")
+    chunk_pairs: int = field(ge=1, le=MAX_CHUNK,
+                             doc="at most this many (query, support) pairs per forward "
+                                 "pass; larger batches of episodes are split into chunks "
+                                 "(exact: episodes are independent), which bounds "
+                                 "evaluation memory")
 
     def __post_init__(self) -> None:
         if self.width % self.heads:
@@ -132,8 +152,14 @@ class RegrabConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "checkpoint config") -> RegrabConfig:
-        """Validate a config as any version wrote it (see :func:`upgrade`)."""
-        return parse_section(cls, upgrade(d), where)
+        """Validate a config as any version wrote it (see :func:`upgrade`); a value outside
+        the schema's limits raises one line naming the file's key."""
+        try:
+            return parse_section(cls, upgrade(d), where)
+        except PipelineError as exc:
+            # parse_section words its lines for params.yaml; this config is a file's.
+            msg = str(exc).removeprefix("params.yaml ").removesuffix("; fix params.yaml")
+            raise PipelineError(f"{msg}; retrain or re-export the model") from None
 
 
 #: The head sizes older versions built ``gnn``, ``snail`` and ``pair`` with, as code defaults,

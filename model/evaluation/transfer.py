@@ -156,20 +156,25 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
         raise PipelineError("--settings is empty; give e.g. 5w1s,5w5s")
     if episodes is not None and episodes < 1:
         raise PipelineError(f"--episodes {episodes}: give 1 or more")
-    cfg = dataclasses.replace(
-        base, methods=tuple(everywhere), settings=tuple(s.name for s in settings), splits=(),
-        episodes=episodes or base.episodes, nota_rates=(), nota_settings=(), floor=True)
     trained: set[str] = set()
-    encoders = set()
-    for paths in found.values():
-        for path in paths.values():
+    encoders: dict[str, list[str]] = {}
+    for split, paths in found.items():
+        for method, path in paths.items():
             checkpoint = read_checkpoint(path)
             for part in ("train", "val"):
                 trained |= set((checkpoint.relations or {}).get(part, []))
-            encoders.add(checkpoint.config.encoder.name)
+            encoders.setdefault(checkpoint.config.encoder.name, []).append(f"{split}/{method}")
     if len(encoders) > 1:
-        raise PipelineError(f"the checkpoints under {models} use different encoders "
-                            f"{sorted(encoders)}; score one benchmark's models at a time")
+        uses = "; ".join(f"{', '.join(m[:3])}{' ...' if len(m) > 3 else ''} use {e[:80]}"
+                         for e, m in sorted(encoders.items()))
+        raise PipelineError(f"the models under {models} use different encoders ({uses}); "
+                            "score one benchmark's models at a time")
+    if not everywhere:
+        raise PipelineError(f"no method is trained on every split under {models}; give a "
+                            "benchmark's models folder")
+    cfg = dataclasses.replace(
+        base, methods=tuple(everywhere), settings=tuple(s.name for s in settings), splits=(),
+        episodes=episodes or base.episodes, nota_rates=(), nota_settings=(), floor=True)
     needed = max(s.shots for s in settings) + cfg.queries
     table, relations = sort_relations(table, needed, trained, keep_trained, listed)
     usable = len(relations["relations_scored"])

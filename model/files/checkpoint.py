@@ -183,7 +183,7 @@ class Checkpoint:
                                    payload.get("graph_edges"), where),
             state=state,
             resume=resume,
-            **{k: _typed(payload, k, t, where) for k, t in _OPTIONAL.items()},
+            **optional_fields(payload, where),
         )
 
 
@@ -197,6 +197,26 @@ _RESUME: dict[str, type | tuple[type, ...]] = {
     "best": (int, float), "optimizer": dict, "scheduler": dict, "rng_numpy": dict,
     "rng_torch": torch.Tensor, "rng_noise": torch.Tensor,
 }
+
+
+def optional_fields(source: dict[str, Any], where: str) -> dict[str, Any]:
+    """The optional fields of a checkpoint (or a model folder's config.json), checked down to
+    the parts that export and the model card read; anything malformed raises one line."""
+    fields = {k: _typed(source, k, t, where) for k, t in _OPTIONAL.items()}
+    relations, summary, params = fields["relations"], fields["summary"], fields["params"]
+    if relations is not None and not all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(r, str) for r in v)
+            for k, v in relations.items()):
+        raise PipelineError(f"{where} has 'relations' that are not lists of relation ids; "
+                            "retrain it")
+    for key in ("split", "method"):
+        if summary is not None and not isinstance(summary.get(key), (str, type(None))):
+            raise PipelineError(f"{where} has a summary whose {key!r} is not text; retrain it")
+    if params is not None and not isinstance(params.get("inputs", {}), dict):
+        raise PipelineError(f"{where} has params whose 'inputs' is not a mapping; retrain it")
+    if fields["history"] is not None and not all(isinstance(h, dict) for h in fields["history"]):
+        raise PipelineError(f"{where} has a history that is not a list of records; retrain it")
+    return fields
 
 
 def _typed(payload: dict[str, Any], key: str, types: type | tuple[type, ...], where: str,
@@ -276,5 +296,14 @@ def convert_legacy(src: Path, dst: Path) -> str:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise PipelineError(f"cannot convert {src}: format {str(got)[:40]!r} is not an older "
                             "REGRAB model or TransE state; retrain it")
-    tensor_file.save(dst, {k: v for k, v in payload.items() if k != "format"}, fmt)
+    try:
+        tensor_file.save(dst, {k: v for k, v in payload.items() if k != "format"}, fmt)
+    except (TypeError, ValueError, RuntimeError, KeyError) as exc:
+        # What the restricted unpickler admits is more than the format stores (bytes, sets,
+        # tuple or float keys, sparse tensors).
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        raise PipelineError(
+            f"cannot convert {src}: it is not a checkpoint of tensors and plain data "
+            f"({type(exc).__name__}: {first}); retrain the model instead"
+        ) from None
     return fmt

@@ -21,7 +21,7 @@ from typing import Any
 from model.config import RegrabConfig
 from model.encoder.files import quiet_transformers, resolve_encoder_path
 from model.files import tensor_file
-from model.files.checkpoint import Checkpoint, GraphShape
+from model.files.checkpoint import Checkpoint, GraphShape, optional_fields
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_dir, atomic_entries
 
@@ -71,8 +71,7 @@ def read(folder: Path) -> Checkpoint:
         graph=GraphShape.parse(graph.get("relations"), graph.get("feature_dim"),
                                graph.get("edges"), where),
         state=state,
-        params=meta.get("params"), step=meta.get("step"), val_acc=meta.get("val_acc"),
-        summary=meta.get("summary"), relations=meta.get("relations"),
+        **{k: v for k, v in optional_fields(meta, where).items() if k not in ("done", "history")},
         encoder_files=str(encoder_dir) if (encoder_dir / "config.json").is_file() else None,
     )
 
@@ -95,17 +94,23 @@ def split_metrics(report: Path | None, split: str, method: str) -> dict[str, Any
     if report is None or not report.is_file():
         return {}
     try:
-        acc = json.loads(report.read_text())["accuracy"][method]
-    except (ValueError, KeyError, TypeError):
+        acc = json.loads(report.read_text(encoding="utf-8"))["accuracy"][method]
+    except (ValueError, KeyError, TypeError, RecursionError):
         return {}
     out = {}
-    for setting, row in acc.items():
-        if isinstance(row, dict) and split in row.get("per_split", {}):
-            out[setting] = {"this_split": round(row["per_split"][split], 2),
-                            "mean_over_splits": round(row["mean"], 2),
-                            "ci95_over_splits": round(row["ci95"], 2),
-                            "n_splits": row["n_splits"],
-                            "episodes_per_split": row["episodes"] // max(row["n_splits"], 1)}
+    try:
+        for setting, row in acc.items():
+            if isinstance(row, dict) and split in row.get("per_split", {}):
+                out[str(setting)] = {
+                    "this_split": round(row["per_split"][split], 2),
+                    "mean_over_splits": round(row["mean"], 2),
+                    "ci95_over_splits": round(row["ci95"], 2),
+                    "n_splits": int(row["n_splits"]),
+                    "episodes_per_split": int(row["episodes"]) // max(int(row["n_splits"]), 1)}
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise PipelineError(f"--report {report} is not a report the evaluate stage wrote "
+                            f"({type(exc).__name__} in {method!r}); give "
+                            "metrics/<benchmark>_report.json, or leave --report out") from None
     return out
 
 
@@ -189,13 +194,16 @@ def export(model: Checkpoint, checkpoint: Path, out: Path,
         if with_encoder:
             from transformers import AutoModel, AutoTokenizer
 
-            path = resolve_encoder_path(model.config.encoder.name)
+            # The checkpoint names the encoder: only a local copy is exported (no download).
+            path = resolve_encoder_path(model.config.encoder.name, local_only=True)
             with quiet_transformers():
                 AutoTokenizer.from_pretrained(path).save_pretrained(tmp / "encoder")
                 AutoModel.from_pretrained(path, add_pooling_layer=False).save_pretrained(
                     tmp / "encoder", safe_serialization=True)
             for stray in (tmp / "encoder").glob("*.bin"):
                 stray.unlink()
+            for written in (tmp / "encoder").glob("*.safetensors"):
+                tensor_file.user_mode(written)
         (tmp / "README.md").write_text(model_card(meta, with_encoder))
     return out
 

@@ -53,13 +53,23 @@ def pack(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
     """Split ``tree`` into a JSON-able tree and the tensors it held.
 
     numpy arrays become tensors and numpy scalars Python numbers.
+
+    Raises:
+        TypeError: ``tree`` holds something else (bytes, sets, sparse or quantized tensors,
+            keys that are not strings or integers), or nests deeper than :data:`MAX_DEPTH`.
     """
     tensors: dict[str, torch.Tensor] = {}
 
-    def walk(obj: Any) -> Any:
+    def walk(obj: Any, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            # unpack refuses such a tree, so it must not be written either.
+            raise TypeError(f"cannot store a tree nested deeper than {MAX_DEPTH}")
         if isinstance(obj, np.ndarray):
             obj = torch.from_numpy(np.ascontiguousarray(obj))
         if isinstance(obj, torch.Tensor):
+            if obj.layout != torch.strided or obj.is_quantized:
+                kind = "quantized" if obj.is_quantized else str(obj.layout).split(".")[-1]
+                raise TypeError(f"cannot store a {kind} tensor in a checkpoint")
             name = str(len(tensors))
             # safetensors refuses tensors that share memory or are not contiguous.
             tensors[name] = obj.detach().cpu().contiguous().clone()
@@ -71,16 +81,17 @@ def pack(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
         if isinstance(obj, float):
             return obj if math.isfinite(obj) else {"__float__": repr(obj)}
         if isinstance(obj, tuple):
-            return {"__tuple__": [walk(v) for v in obj]}
+            return {"__tuple__": [walk(v, depth + 1) for v in obj]}
         if isinstance(obj, list):
-            return [walk(v) for v in obj]
+            return [walk(v, depth + 1) for v in obj]
         if isinstance(obj, dict):
             # Keys starting "__" could be mistaken for tags: such dicts use the tagged form.
             if all(isinstance(k, str) and not k.startswith("__") for k in obj):
-                return {k: walk(v) for k, v in obj.items()}
-            if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in obj):
-                raise TypeError(f"cannot store dict keys of type {type(next(iter(obj)))}")
-            return {"__dict__": [[k, walk(v)] for k, v in obj.items()]}
+                return {k: walk(v, depth + 1) for k, v in obj.items()}
+            bad = [k for k in obj if not isinstance(k, (str, int)) or isinstance(k, bool)]
+            if bad:
+                raise TypeError(f"cannot store dict keys of type {type(bad[0]).__name__}")
+            return {"__dict__": [[k, walk(v, depth + 1)] for k, v in obj.items()]}
         raise TypeError(f"cannot store a {type(obj).__name__} in a checkpoint")
 
     return walk(tree), tensors
@@ -130,6 +141,7 @@ def save(path: str | os.PathLike[str], tree: dict[str, Any], fmt: str) -> None:
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
         canonical_header(Path(tmp))
+        user_mode(Path(tmp))
 
 
 def save_tensors(path: str | os.PathLike[str], tensors: dict[str, torch.Tensor]) -> None:
@@ -139,6 +151,18 @@ def save_tensors(path: str | os.PathLike[str], tensors: dict[str, torch.Tensor])
     with atomic_path(path) as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
         canonical_header(Path(tmp))
+        user_mode(Path(tmp))
+
+
+def user_mode(path: Path) -> None:
+    """Give ``path`` the mode a new file gets under the user's umask (0644 under 022).
+
+    safetensors writes its files 0600 whatever the umask, so models a user exports or trains
+    would be unreadable to the group and others who can read every other output.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
 
 
 def canonical_header(path: Path) -> None:

@@ -100,8 +100,9 @@ class LangevinConfig:
             chains and Versa's draws; BMAML's interacting particles stay ``samples``).
     """
 
-    samples: int = field(ge=1, doc="S posterior samples per episode in training, averaged by the "
-                                   "predictive (paper: 10)")
+    samples: int = field(ge=1, le=10_000,
+                         doc="S posterior samples per episode in training, averaged by the "
+                             "predictive (paper: 10)")
     steps: int = field(ge=0, doc="Langevin steps (paper: 5)")
     step_size: float = field(ge=0, doc="eps; preconditioned, so 1 halves the distance to the mean "
                                        "in a step (paper: 0.1)")
@@ -128,9 +129,10 @@ class LangevinConfig:
     noise_train: bool = field(doc="add the Langevin noise during training")
     noise_eval: bool = field(doc="add it at evaluation too, so the predictive averages S samples "
                                  "(off: one deterministic chain, a point estimate)")
-    eval_samples: int = field(ge=0, doc="S at evaluation and prediction (0: samples); more "
-                                        "samples estimate the same predictive average with less "
-                                        "noise")
+    eval_samples: int = field(ge=0, le=10_000,
+                              doc="S at evaluation and prediction (0: samples); more "
+                                  "samples estimate the same predictive average with less "
+                                  "noise")
 
     def draws(self, training: bool) -> int:
         """Independent samples per episode: ``samples`` in training, ``eval_samples`` (when

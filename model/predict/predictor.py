@@ -43,6 +43,49 @@ from model.predict.sentences import parse_sentence, sentences_table
 from model.prior.labels import relation_name
 from pipeline.errors import PipelineError
 
+#: Seeds are in ``[0, 2**63)``, which every generator here takes (torch's overflows at 2**64).
+SEED_BOUND = 2**63
+
+
+class NonFinite(PipelineError):
+    """The model gave NaN or infinite probabilities for some queries.
+
+    Attributes:
+        queries: their positions in the batch.
+        total: the batch's size.
+    """
+
+    def __init__(self, queries: list[int], total: int, first: str | None = None) -> None:
+        self.queries, self.total = queries, total
+        first = first or f"query {queries[0]} of the batch"
+        super().__init__(
+            f"the model gave non-finite probabilities (NaN or inf) for {len(queries)} of "
+            f"{total} queries (the first: {first}), so none of its predictions can be "
+            "trusted; check the checkpoint's weights or retrain it")
+
+
+class NonFiniteWeights(PipelineError):
+    """A weight or buffer of the model is NaN or infinite."""
+
+
+def refuse_non_finite(tensors: Mapping[str, torch.Tensor]) -> None:
+    """Stop when a weight or buffer (``model.state_dict()``, a checkpoint's state) is NaN
+    or infinite.
+
+    Such a model (a diverged training run, a damaged file) predicts NaN for every relation:
+    the argmax is then the first relation and no threshold abstains, silently.
+
+    Raises:
+        NonFiniteWeights: naming the first such tensors.
+    """
+    bad = [name for name, t in tensors.items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise NonFiniteWeights(
+            f"{len(bad)} weight tensors hold NaN or inf (first: {', '.join(bad[:3])}): the "
+            "training diverged or the file is damaged; retrain it (e.g. with a lower learning "
+            "rate) or use an earlier checkpoint")
+
 
 def entropy(p: torch.Tensor) -> torch.Tensor:
     """Shannon entropy in nats over the last axis (0 log 0 = 0)."""
@@ -158,6 +201,12 @@ class Predictor:
                  batch_size: int = 64) -> None:
         if not 0.0 <= threshold <= 1.0:
             raise PipelineError(f"threshold {threshold} is not a probability in [0, 1]")
+        if not 0 <= seed < SEED_BOUND:
+            raise PipelineError(f"seed {seed} is out of range; give one from 0 to "
+                                f"{SEED_BOUND - 1}")
+        if batch_size < 1:
+            raise PipelineError(f"batch size {batch_size}: give 1 or more")
+        refuse_non_finite(model.state_dict())
         self.model = model.eval()
         self.seed = int(seed)
         self.threshold = float(threshold)
@@ -176,7 +225,10 @@ class Predictor:
         except (RuntimeError, KeyError, TypeError) as exc:  # a payload that does not fit
             raise PipelineError(f"checkpoint {path} is corrupt ({type(exc).__name__}: "
                                 f"{str(exc).splitlines()[0][:120]}); retrain it") from exc
-        return cls(model, **kwargs)
+        try:
+            return cls(model, **kwargs)
+        except NonFiniteWeights as exc:
+            raise PipelineError(f"checkpoint {path}: {exc}") from None
 
     @property
     def relations(self) -> list[str]:
@@ -304,5 +356,9 @@ class Predictor:
         relations = self.relations
         logits = self.sample_logits(self.encode(queries))  # (S, Q, N)
         probs, ent, mi = predictive_summary(logits)
+        finite = torch.isfinite(probs).all(-1) & torch.isfinite(ent) & torch.isfinite(mi)
+        if not bool(finite.all()):
+            bad = (~finite).nonzero().flatten().tolist()
+            raise NonFinite(bad, len(finite))
         return Predictions(relations, probs.cpu().numpy(), ent.cpu().numpy(),
                            mi.cpu().numpy(), self.threshold)

@@ -3,8 +3,9 @@
 :func:`parse_sentence` reads text with inline markers (``[E1]Barack Obama[/E1] was born in
 [E2]Hawaii[/E2] .``, whitespace tokens), a FewRel record (``tokens``, ``h``, ``t``) or the
 columns of :data:`pipeline.schemas.FEWSHOT_SCHEMA` into a :class:`Sentence`; bad input (markers
-missing or unbalanced, a span outside the sentence, positions that are not integers) raises
-one :class:`~pipeline.errors.PipelineError` line.
+missing or unbalanced, a span outside the sentence, positions that are not integers, tokens
+that are not a list of strings or hold a lone surrogate) raises one
+:class:`~pipeline.errors.PipelineError` line.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from pipeline.errors import PipelineError
 from pipeline.schemas import FEWSHOT_SCHEMA
 
 MARKER_RE = re.compile(r"\[(/?)E([12])\]", re.IGNORECASE)
+#: Half of a UTF-16 pair (JSON's "\ud800"): no text, and UTF-8 (Arrow, the tokenizer, every
+#: output file) cannot encode it.
+SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,11 @@ class Sentence:
     tail: tuple[int, int]
 
     def __post_init__(self) -> None:
+        for i, token in enumerate(self.tokens):
+            if SURROGATE_RE.search(token):
+                raise PipelineError(f"token {i} {token!r} holds a lone surrogate (half of a "
+                                    "UTF-16 pair, e.g. a \\ud800 escape), which is not text; "
+                                    "fix the text")
         n = len(self.tokens)
         for name, (s, e) in (("head", self.head), ("tail", self.tail)):
             if not (0 <= s < e <= n):
@@ -136,8 +145,11 @@ def parse_sentence(record: str | Mapping[str, Any] | Sentence) -> Sentence:
     if tokens is None:
         raise PipelineError("record has no sentence: give 'text' with entity markers, or "
                             "'tokens' with FewRel 'h'/'t' (or head_start/head_end/...)")
-    if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
-        raise PipelineError("'tokens' must be a list of strings")
+    if not isinstance(tokens, list | tuple):  # a string or mapping would iterate as tokens
+        raise PipelineError(f"'tokens' must be a list of strings, not {type(tokens).__name__}")
+    odd = [t for t in tokens if not isinstance(t, str)]
+    if odd:
+        raise PipelineError(f"'tokens' must be a list of strings; it holds {odd[0]!r}")
     if record.get("h") is not None and record.get("t") is not None:
         head, tail = _fewrel_span(record["h"], "h"), _fewrel_span(record["t"], "t")
     elif all(record.get(k) is not None for k in ("head_start", "head_end", "tail_start",

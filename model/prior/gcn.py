@@ -72,8 +72,9 @@ class GraphPriorConfig:
     kind: Literal["gcn", "mlp"] = field(doc="gcn (paper Eq. 6) or mlp: the same network on a "
                                             "graph without edges, a feed-forward network over "
                                             "each relation's own embedding (the paper's ablation)")
-    layers: int = field(ge=1, doc="GCN layers (paper: 1)")
-    hidden: int = field(ge=1, doc="width of the hidden GCN layers (used when layers > 1)")
+    layers: int = field(ge=1, le=16, doc="GCN layers (paper: 1)")
+    hidden: int = field(ge=1, le=8192,
+                        doc="width of the hidden GCN layers (used when layers > 1)")
     normalize_features: bool = field(doc="scale node features to unit norm first (TransE norms "
                                          "vary)")
     scale: float = field(doc="initial value of a learned output scale; h_r starts small so that "

@@ -4,6 +4,11 @@ Each hostile file would create ``MARKER`` if anything unpickled it: a raw pickle
 object inside torch's zip format, a model folder whose config.json or safetensors header is
 hostile. Each loader (regrab-predict, regrab-score, evaluate, train's resume) must stop (or,
 for resume, start over) with one line, and the marker must never appear.
+
+Checkpoints that run no code but do not fit are refused in one line too, before they cost
+anything: sizes that would end in an OOM kill, weights of other shapes or NaN, an encoder
+that is not on this machine (no download) or is a pickle, and, for regrab-score, models of
+different encoders in one folder.
 """
 
 import json
@@ -18,7 +23,8 @@ import torch
 import yaml
 
 from cli import predict, score
-from pipeline.errors import run_cli
+from model.files.checkpoint import read_payload, save_payload
+from pipeline.errors import PipelineError, run_cli
 from stages import evaluate, train
 from tests.cli.test_score import _fewrel_json
 from tests.conftest import project_params
@@ -212,3 +218,156 @@ def test_no_unrestricted_unpickling_in_project_code():
             if "torch.load(" in text and path.name != "checkpoint.py":
                 offenders.append(f"{path.relative_to(root)}: torch.load")
     assert offenders == []
+
+
+def _edited(project, tmp_path, edit, method: str = "regrab") -> Path:
+    """A copy of a trained checkpoint whose data tree ``edit`` changed in place."""
+    payload = read_payload(project["root"] / "models" / "split_0" / method / "model.safetensors")
+    edit(payload)
+    path = tmp_path / "edited.safetensors"
+    save_payload(path, payload)
+    return path
+
+
+def _set(*keys_value):
+    *keys, value = keys_value
+
+    def edit(payload):
+        node = payload
+        for key in keys[:-1]:
+            node = node[key]
+        node[keys[-1]] = value
+    return edit
+
+
+def _first_head_weight(payload, value):
+    key = next(k for k in payload["state"] if k.startswith("head."))
+    payload["state"][key] = value
+
+
+def _nan_weight(payload):
+    key = next(k for k, v in payload["state"].items() if k.startswith("encoder."))
+    payload["state"][key] = payload["state"][key].clone()
+    payload["state"][key].view(-1)[0] = float("nan")
+
+
+def _pickled_encoder(project, payload):
+    folder = project["root"] / "pickled_encoder"
+    if not folder.exists():
+        shutil.copytree(project["root"] / "bert", folder)
+        (folder / "model.safetensors").unlink()
+        torch.save({"w": Planted(project["marker"])}, folder / "pytorch_model.bin")
+    payload["config"]["encoder"]["name"] = str(folder)
+
+
+#: (edit of the file's tree, what the one line says). Each would otherwise end in an OOM
+#: kill, a long allocation, a traceback or a download.
+UNFIT = {
+    "feature_dim": (_set("graph_feature_dim", 300_000_000), "relation features 300000000 wide"),
+    "edges": (_set("graph_edges", 10**10), "'prior.edge_index' has shape"),
+    "graph_size": (lambda p: p.update(graph_relations=p["graph_relations"][:-1]),
+                   "'prior.propagated' has shape"),
+    "samples": (_set("config", "langevin", "eval_samples", 10**9),
+                "config.langevin.eval_samples = 1000000000: expected a number >= 0 and <= "),
+    "gnn_width": (_set("config", "prior", "hidden", 10**9), "config.prior.hidden = "),
+    "shape": (lambda p: _first_head_weight(p, torch.zeros(7, 7)), "has shape [7, 7]"),
+    "extra_key": (_set("state", "head.extra", torch.zeros(1)), "weight 'head.extra'"),
+    "nan": (_nan_weight, "non-finite weights (NaN or inf) in 'encoder."),
+    "hub_id": (_set("config", "encoder", "name", "some-org/not-a-local-model"),
+               "'some-org/not-a-local-model' is not available locally"),
+}
+
+
+@pytest.mark.parametrize("case", [*UNFIT, "pickled_encoder"])
+def test_predict_refuses_a_checkpoint_that_does_not_fit(project, case, tmp_path, capsys,
+                                                        monkeypatch):
+    import huggingface_hub
+
+    # Had the hub been asked, this would say so instead of waiting on retries.
+    def no_network(*args, **kwargs):
+        if not kwargs.get("local_files_only"):
+            raise AssertionError("the hub was contacted")
+        return real(*args, **kwargs)
+    real = huggingface_hub.snapshot_download
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("REGRAB_ALLOW_DOWNLOAD", raising=False)
+    if case == "pickled_encoder":
+        edit, message = (lambda p: _pickled_encoder(project, p)), "holds pickled weights"
+    else:
+        edit, message = UNFIT[case]
+    path = _edited(project, tmp_path, edit)
+    support = tmp_path / "s.jsonl"
+    support.write_text("".join(json.dumps({"relation": r, "text": f"[E1]w1[/E1] {v} "
+                                           "[E2]w2[/E2] ."}) + "\n"
+                               for r, v in (("P6", "verb6"), ("P7", "verb7"))))
+    with pytest.raises(SystemExit) as exc:
+        predict.main(["--checkpoint", str(path), "--support", str(support), "--queries",
+                      str(support), "--out", str(tmp_path / "p.jsonl"), "--device", "cpu"])
+    assert exc.value.code == 2
+    line = _one_error_line(capsys)
+    assert message in line and str(path) in line, line
+    assert not project["marker"].exists() and not (tmp_path / "p.jsonl").exists()
+
+
+def test_a_graph_larger_than_memory_is_refused_before_it_is_allocated(project, tmp_path,
+                                                                      monkeypatch):
+    """Sizes within the limits that the machine cannot hold: refused from the estimate."""
+    from model.files import loader
+
+    monkeypatch.setattr(loader, "available_memory", lambda: 1000)
+    path = _edited(project, tmp_path, lambda p: None)
+    with pytest.raises(PipelineError, match=r"9 relations, 8 features and 18 edges, which needs"):
+        loader.load_model(path)
+    # A gnn head whose sizes need more than that is refused before it is built too.
+    monkeypatch.setattr(loader, "available_memory", lambda: 2**34)
+    config = read_payload(path)["config"]
+    big = {**config, "method": "gnn", "gnn": {"width": 16000, "growth": 16000, "layers": 60,
+                                              "metric_hidden": 16, "chunk_pairs": 1024}}
+    path = _edited(project, tmp_path, _set("config", big), method="proto")
+    with pytest.raises(PipelineError, match="asks for a gnn head of .* GiB"):
+        loader.load_model(path)
+
+
+def test_a_cached_hub_encoder_loads_without_the_network(project, tmp_path, monkeypatch):
+    """A hub id a checkpoint names is taken from the local cache; a download needs the
+    user's REGRAB_ALLOW_DOWNLOAD=1."""
+    import huggingface_hub
+
+    from model.encoder.files import resolve_encoder_path
+
+    snapshot = tmp_path / "hub" / "models--org--enc" / "snapshots" / "abc"
+    shutil.copytree(project["root"] / "bert", snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("REGRAB_ALLOW_DOWNLOAD", raising=False)
+    assert resolve_encoder_path("org/enc", local_only=True) == str(snapshot)
+    with pytest.raises(PipelineError, match="REGRAB_ALLOW_DOWNLOAD=1"):
+        resolve_encoder_path("org/other", local_only=True)
+    monkeypatch.setenv("REGRAB_ALLOW_DOWNLOAD", "1")
+    assert resolve_encoder_path("org/other", local_only=True) == "org/other"
+    # params.yaml's own hub ids are left to the pipeline (the user chose them).
+    assert resolve_encoder_path("org/other") == "org/other"
+
+
+def test_score_names_which_models_use_which_encoder(project, tmp_path, capsys):
+    """Models of two encoders in one --models folder, no method on every split."""
+    models = tmp_path / "models"
+    (models / "split_1").mkdir(parents=True)
+    shutil.copytree(project["root"] / "models" / "split_0" / "regrab",
+                    models / "split_0" / "regrab")
+    other = tmp_path / "other_encoder"
+    shutil.copytree(project["root"] / "bert", other)
+    _edited(project, tmp_path, _set("config", "encoder", "name", str(other)), method="proto")
+    (models / "split_1" / "proto").mkdir()
+    shutil.copy(tmp_path / "edited.safetensors", models / "split_1" / "proto" / "model.safetensors")
+    data = _fewrel_json(tmp_path / "d.json", toy_table(["Q91", "Q92", "Q93"], 8, seed=2))
+    with pytest.raises(SystemExit) as exc:
+        score.main(["--data", str(data), "--models", str(models), "--out",
+                    str(tmp_path / "x"), "--settings", "3w1s", "--params",
+                    str(project["params"])])
+    assert exc.value.code == 2
+    line = _one_error_line(capsys)
+    assert "different encoders" in line
+    assert f"split_1/proto use {other}" in line and "split_0/regrab use " in line

@@ -13,7 +13,7 @@ import yaml
 
 from cli import models, predict
 from model.files import tensor_file
-from model.files.checkpoint import read_payload
+from model.files.checkpoint import read_payload, save_payload
 from model.files.loader import load_model
 from model.files.tensor_file import TRANSE_FORMAT
 from model.predict.sentences import parse_sentence
@@ -148,6 +148,114 @@ def test_convert_refuses_what_is_not_plain_data(tmp_path, capsys):
         assert exc.value.code == 2
         assert capsys.readouterr().err.startswith("error: cannot convert")
     assert not marker.exists() and not (tmp_path / "x").exists()
+
+
+#: What torch's restricted unpickler admits but a checkpoint of tensors and plain data cannot
+#: hold, with what the one line names.
+NOT_PLAIN = {
+    "bytes": (b"ab", "a bytes"),
+    "set": ({1, 2}, "a set"),
+    "tuple_key": ({(1, 2): 1}, "keys of type tuple"),
+    "bool_key": ({True: 1}, "keys of type bool"),
+    "float_key": ({1.5: 1}, "keys of type float"),
+    "sparse": (torch.eye(3).to_sparse(), "a sparse_coo tensor"),
+    "too_deep": (eval("[" * 100 + "]" * 100), "nested deeper than 64"),  # noqa: S307
+}
+
+
+@pytest.mark.parametrize("kind", NOT_PLAIN)
+def test_convert_refuses_pickles_of_what_a_checkpoint_cannot_hold(kind, tmp_path, capsys):
+    value, named = NOT_PLAIN[kind]
+    old = tmp_path / "model.pt"
+    torch.save({"format": "regrab-model-2", "config": {}, "state": {}, "extra": value}, old)
+    with pytest.raises(SystemExit) as exc:
+        models.main(["convert", str(old)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a checkpoint of tensors and plain data" in err[0]
+    assert named in err[0] and not (tmp_path / "model.safetensors").exists()
+
+
+def _typed_wrong(field: str, value):
+    def edit(payload):
+        if field == "encoder":
+            payload["config"]["encoder"] = value
+        else:
+            payload[field] = value
+    return edit
+
+
+#: Parts of a checkpoint export reads, each of the wrong type, and what the line names.
+MISTYPED = {
+    "summary": (_typed_wrong("summary", [1]), "list for 'summary'"),
+    "summary_split": (_typed_wrong("summary", {"split": [1]}), "'split' is not text"),
+    "relations": (_typed_wrong("relations", {"train": [1, 2]}), "not lists of relation ids"),
+    "relations_text": (_typed_wrong("relations", {"train": "P1"}),
+                       "not lists of relation ids"),
+    "params": (_typed_wrong("params", {"inputs": [1]}), "'inputs' is not a mapping"),
+    "encoder": (_typed_wrong("encoder", ["x"]), "config.encoder = ['x']"),
+}
+#: Reports in the shape of evaluate's whose rows are not.
+BAD_REPORTS = {
+    "row_text": {"split_0": "x"},
+    "per_split_number": 5,
+}
+
+
+@pytest.mark.parametrize("case", [*MISTYPED, *BAD_REPORTS])
+def test_export_refuses_mistyped_checkpoints_and_reports(trained, case, tmp_path, capsys):
+    _, ckpt = trained
+    args = ["--out", str(tmp_path / "out"), "--no-encoder"]
+    if case in MISTYPED:
+        edit, named = MISTYPED[case]
+        payload = read_payload(ckpt)
+        edit(payload)
+        ckpt = tmp_path / "model.safetensors"
+        save_payload(ckpt, payload)
+    else:
+        row = {"per_split": BAD_REPORTS[case], "mean": 1.0, "ci95": 1.0, "n_splits": 1,
+               "episodes": 4}
+        report = tmp_path / "report.json"
+        report.write_text(json.dumps({"accuracy": {"regrab": {"5w1s": row}}}))
+        args += ["--report", str(report)]
+        named = "is not a report the evaluate stage wrote"
+    with pytest.raises(SystemExit) as exc:
+        models.main(["export", str(ckpt), *args])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and named in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_does_not_download_the_encoder_a_checkpoint_names(trained, tmp_path, capsys,
+                                                                 monkeypatch):
+    _, ckpt = trained
+    monkeypatch.delenv("REGRAB_ALLOW_DOWNLOAD", raising=False)
+    payload = read_payload(ckpt)
+    payload["config"]["encoder"]["name"] = "some-org/not-a-local-model"
+    save_payload(tmp_path / "model.safetensors", payload)
+    with pytest.raises(SystemExit) as exc:
+        models.main(["export", str(tmp_path / "model.safetensors"), "--out",
+                     str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not available locally" in err[0]
+    assert "REGRAB_ALLOW_DOWNLOAD=1" in err[0] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_exported_files_follow_the_umask(trained, umask, tmp_path):
+    """safetensors writes 0600 whatever the umask; exported and trained files must not."""
+    _, ckpt = trained
+    old = os.umask(umask)
+    try:
+        models.main(["export", str(ckpt), "--out", str(tmp_path / "out")])
+        save_payload(tmp_path / "ck.safetensors", read_payload(ckpt))
+    finally:
+        os.umask(old)
+    want = 0o666 & ~umask
+    for path in [tmp_path / "ck.safetensors", *(tmp_path / "out").rglob("*.safetensors")]:
+        assert path.stat().st_mode & 0o777 == want, path
 
 
 def _run(cmd: list[str], cwd: Path) -> str:

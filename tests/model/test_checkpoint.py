@@ -88,6 +88,8 @@ def test_a_resume_point_keeps_every_state(tmp_path, encoder):
      "malformed graph description"),
     ({"optimizer": {}}, "has nothing for 'best'"),
     ({"config": {"method": "regrab"}}, "config.encoder is missing"),
+    ({"summary": {"split": 3}}, "summary whose 'split' is not text"),
+    ({"history": [1, 2]}, "history that is not a list of records"),
 ])
 def test_a_malformed_checkpoint_is_refused_in_one_line(tmp_path, encoder, change, message):
     model = build_model(model_config("proto", encoder=encoder), None)
@@ -127,6 +129,9 @@ def test_a_method_config_holds_only_its_own_head_sizes():
     ({"snail": {"attention": [[32, 16], [8]]}}, r"snail attention .* pairs"),
     ({"snail": {"dilations": [1, 0]}}, "model.heads.snail.dilations"),
     ({"gnn": {"widht": 3}}, r"model.heads.gnn has unknown key\(s\) \['widht'\]"),
+    ({"gnn": {"width": 10**9}}, r"model.heads.gnn.width = 1000000000: .* <= 16384"),
+    ({"snail": {"attention": [[32, 10**9]]}}, r"snail attention .* sizes 1 to 16384"),
+    ({"pair": {"chunk_pairs": 10**12}}, r"model.heads.pair.chunk_pairs .* <= 268435456"),
 ])
 def test_head_sizes_are_validated_by_the_schema(heads, message):
     with pytest.raises(PipelineError, match=message):
@@ -173,3 +178,36 @@ def test_upgrade_fills_only_missing_keys():
     assert upgrade(bare)["gnn"] == OLD_HEAD_SIZES["gnn"] and "gnn" not in bare
     assert upgrade("not a dict") == "not a dict"
     assert RegrabConfig.from_dict(bare) == model_config("gnn")
+
+
+def test_a_checkpoint_config_out_of_limits_is_refused_as_the_file_s_fault(tmp_path, encoder):
+    """Sizes a real run never nears are refused before anything of that size is allocated,
+    in a line that names the file (not params.yaml)."""
+    model = build_model(model_config("proto", encoder=encoder), None)
+    save_checkpoint(tmp_path / "m", Checkpoint.of(model, step=1))
+    payload = read_payload(tmp_path / "m")
+    for section, key in (("langevin", "samples"), ("langevin", "eval_samples"),
+                         ("prior", "hidden")):
+        config = {**payload["config"], section: {**payload["config"][section], key: 10**9}}
+        save_payload(tmp_path / "m", {**payload, "config": config})
+        with pytest.raises(PipelineError) as info:
+            read_checkpoint(tmp_path / "m")
+        line = str(info.value)
+        assert line.startswith(f"checkpoint {tmp_path / 'm'} config.{section}.{key} = ")
+        assert "retrain or re-export" in line and "params.yaml" not in line
+
+
+def test_every_size_of_a_model_config_has_an_upper_limit():
+    """Every integer size a checkpoint's config carries is bounded by the schema (or, for
+    the snail attention pairs, by its own check)."""
+    from model.config import GNNConfig, PairConfig, SnailConfig
+    from model.posterior.langevin import LangevinConfig
+    from model.prior.gcn import GraphPriorConfig
+
+    unbounded = [f"{cls.__name__}.{f.name}"
+                 for cls in (GNNConfig, SnailConfig, PairConfig, GraphPriorConfig)
+                 for f in dataclasses.fields(cls)
+                 if f.type in ("int", "tuple[int, ...]") and "le" not in f.metadata["limits"]]
+    assert unbounded == []
+    limits = {f.name: f.metadata["limits"] for f in dataclasses.fields(LangevinConfig)}
+    assert "le" in limits["samples"] and "le" in limits["eval_samples"]

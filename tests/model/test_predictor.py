@@ -9,7 +9,7 @@ from model.episodes import Episodes, episode_accuracy, gather_episodes
 from model.files.checkpoint import Checkpoint, save_checkpoint
 from model.methods.registry import build_model
 from model.posterior.logits import similarity_logits
-from model.predict.predictor import Predictor, predictive_summary
+from model.predict.predictor import NonFinite, Predictor, predictive_summary
 from model.predict.sentences import Sentence, parse_marked_text, parse_sentence
 from model.prior.graph import RelationGraph
 from pipeline.errors import PipelineError
@@ -306,3 +306,28 @@ def test_relations_outside_the_graph_are_read_by_name(folder, table):
     summary = pred.set_support({"P6": support["P6"]}, zero_shot=["verb8_w2"])
     assert summary.priors["verb8_w2"] == "label" and summary.zero_shot == ["verb8_w2"]
     assert np.allclose(pred.predict(_queries(table)[0]).probs.sum(1), 1.0)
+
+
+def test_non_finite_weights_and_outputs_are_refused(folder, table):
+    pred = Predictor.from_checkpoint(tiny_checkpoint(folder), seed=0)
+    pred.set_support(_support(table, [2, 2, 2]))
+    queries, _ = _queries(table)
+    real = pred.sample_logits
+    pred.sample_logits = lambda query: real(query).index_fill(1, torch.tensor([1]), math.inf)
+    with pytest.raises(NonFinite, match=r"for 1 of \d+ queries \(the first: query 1 of the"):
+        pred.predict(queries)
+    model = pred.model
+    with torch.no_grad():
+        model.head.sampler.log_variance.fill_(math.nan)
+    with pytest.raises(PipelineError, match="weight tensors hold NaN or inf .*log_variance"):
+        Predictor(model)
+
+
+def test_seed_and_batch_size_out_of_range(folder):
+    model = Predictor.from_checkpoint(tiny_checkpoint(folder)).model
+    for seed in (-1, 2**63):
+        with pytest.raises(PipelineError, match=f"seed {seed} is out of range"):
+            Predictor(model, seed=seed)
+    with pytest.raises(PipelineError, match="batch size 0"):
+        Predictor(model, batch_size=0)
+    assert Predictor(model, seed=2**63 - 1).seed == 2**63 - 1

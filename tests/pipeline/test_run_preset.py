@@ -68,6 +68,10 @@ def test_far_deadline_trains_every_split_one_by_one(tmp_path):
 
 
 def test_params_are_the_preset_and_the_encoder_over_params_yaml(tmp_path):
+    # The overrides are checked before they are written: the encoder folder must exist.
+    encoder = tmp_path / ".enc" / "mini lm"
+    encoder.mkdir(parents=True)
+    (encoder / "config.json").write_text("{}")
     run_preset(tmp_path, "100000", ENCODER=".enc/mini lm")  # a folder name with a space
     params = yaml.safe_load((tmp_path / "out" / "params.yaml").read_text())
     preset = yaml.safe_load((ROOT / "params-gpu.yaml").read_text())

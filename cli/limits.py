@@ -1,0 +1,63 @@
+"""Bounds on the commands' numeric options, taken from the machine and checked before the
+work allocates anything.
+
+Unchecked, ``--seed 2**70`` overflows torch's seed, ``--threads 100000`` runs out of memory
+starting threads and ``--episodes 10**12`` asks numpy for terabytes: each a traceback after
+the data and model were loaded. Here each is one ``error:`` line naming the bound.
+"""
+
+from __future__ import annotations
+
+import os
+
+from model.predict.predictor import SEED_BOUND
+from pipeline.errors import PipelineError
+
+#: The share of the machine's memory that the episode tables may take.
+MEMORY_SHARE = 0.5
+
+
+def check_seed(seed: int, flag: str = "--seed") -> int:
+    """``seed`` when it is in ``[0, 2**63)`` (what torch's and numpy's generators take)."""
+    if not 0 <= seed < SEED_BOUND:
+        raise PipelineError(f"{flag} {seed} is out of range; give a seed from 0 to "
+                            f"{SEED_BOUND - 1}")
+    return seed
+
+
+def cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity outside Linux
+        return os.cpu_count() or 1
+
+
+def check_threads(threads: int, flag: str = "--threads") -> int:
+    """``threads`` when it is 0 (torch's default) or at most the CPUs this process has."""
+    if not 0 <= threads <= cpus():
+        raise PipelineError(f"{flag} {threads}: give 0 (torch's default) or 1 to {cpus()}, "
+                            f"the CPUs this process may use")
+    return threads
+
+
+def memory() -> int:
+    """The machine's physical memory in bytes."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_episodes(episodes: int, per_episode: int, flag: str = "--episodes") -> int:
+    """``episodes`` when ``per_episode`` bytes each fit in :data:`MEMORY_SHARE` of memory.
+
+    Args:
+        episodes: the count asked for.
+        per_episode: an estimate of the bytes one episode holds while the command runs.
+        flag: the option, for the message.
+    """
+    budget = int(memory() * MEMORY_SHARE)
+    most = max(budget // max(per_episode, 1), 1)
+    if episodes > most:
+        raise PipelineError(
+            f"{flag} {episodes} would need about {episodes * per_episode / 2**30:.0f} GiB, more "
+            f"than half of this machine's {memory() / 2**30:.0f} GiB; give at most {most}")
+    return episodes
