@@ -52,6 +52,11 @@ class GNNConfig:
                                  "pass; larger batches of episodes are split into chunks "
                                  "(exact: episodes are independent), which bounds "
                                  "evaluation memory")
+    metric_temperature: float = field(
+        ge=0, le=1e4,
+        doc="T of the fixed Euclidean term -|e_i - e_j|^2 / (2 T) on the encodings that "
+            "every adjacency adds; its gain is learned from 1 / T; 0: none (the learned "
+            "metric alone)")
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,11 @@ class SnailConfig:
                                      "pass; larger batches of episodes are split into "
                                      "chunks (exact: episodes are independent), which "
                                      "bounds evaluation memory")
+    metric_temperature: float = field(
+        ge=0, le=1e4,
+        doc="T of the fixed Euclidean term -|e_i - e_j|^2 / (2 T) on the encodings that "
+            "each attention block adds; its gain is learned from 1 / T; 0: none (the "
+            "learned keys alone)")
 
     def __post_init__(self) -> None:
         if not self.attention or any(len(a) != 2 or not 1 <= min(a) <= max(a) <= MAX_WIDTH
@@ -98,6 +108,11 @@ class PairConfig:
                                  "pass; larger batches of episodes are split into chunks "
                                  "(exact: episodes are independent), which bounds "
                                  "evaluation memory")
+    metric_temperature: float = field(
+        ge=0, le=1e4,
+        doc="T of the fixed Euclidean term -|e_i - e_j|^2 / (2 T) on the encodings that "
+            "each pair score adds; its gain is learned from 1 / T; 0: none (the learned "
+            "[CLS] score alone)")
 
     def __post_init__(self) -> None:
         if self.width % self.heads:
@@ -166,11 +181,12 @@ class RegrabConfig:
 #: before ``model.heads`` existed; their checkpoints do not store them.
 OLD_HEAD_SIZES: dict[str, dict[str, Any]] = {
     "gnn": {"width": 128, "growth": 64, "layers": 2, "metric_hidden": 16,
-            "chunk_pairs": 1 << 20},
+            "chunk_pairs": 1 << 20, "metric_temperature": 0.0},
     "snail": {"width": 128, "filters": 16, "dilations": (1, 2, 4, 8, 16, 32),
-              "attention": ((32, 16), (64, 32), (128, 64)), "chunk_positions": 1 << 16},
+              "attention": ((32, 16), (64, 32), (128, 64)), "chunk_positions": 1 << 16,
+              "metric_temperature": 0.0},
     "pair": {"blocks": 4, "width": 128, "heads": 4, "layers": 1, "ff": 256, "dropout": 0.1,
-             "chunk_pairs": 1 << 14},
+             "chunk_pairs": 1 << 14, "metric_temperature": 0.0},
 }
 
 
@@ -195,4 +211,8 @@ def upgrade(d: Any) -> Any:
     if isinstance(method, str) and method in OLD_HEAD_SIZES and method not in d:
         # Written before model.heads existed: the head had the code's sizes.
         d[method] = dict(OLD_HEAD_SIZES[method])
+    if isinstance(method, str) and method in OLD_HEAD_SIZES \
+            and isinstance(d.get(method), dict) and "metric_temperature" not in d[method]:
+        # Written before model.heads.*.metric_temperature existed: no fixed metric.
+        d[method] = {**d[method], "metric_temperature": 0.0}
     return d

@@ -34,6 +34,14 @@ Where ours differs, and why:
   computed once per episode and candidate way; then each query's position reads them
   (:meth:`SnailHead.trunk`). This is exactly one sequence per query, so no query can affect
   another's prediction, and it costs N (M + Q) positions instead of N Q (M + 1).
+* **A fixed metric in the attention** (``metric_temperature`` T > 0). Each attention block
+  adds ``-g |e_t - e_u|^2 / 2`` on the D-dimensional encodings e to its logit of position t
+  reading support u, less the row's largest such term (so a query reading itself, which
+  gets 0, counts as its nearest support); g is a learned gain that starts at 1 / T (proto's
+  logits at T = ``model.langevin.temperature``).
+  On NYT-25's 10 training relations the learned keys alone fitted them (training loss 0.02) and
+  stayed at or below the untrained encoder on the validation relations (56% at 5-way, floor 55%;
+  74% with the term).
 * **Fixed depth, smaller widths.** A TC block has ``len(dilations)`` dense blocks for any
   sequence length (the paper uses ceil(log2 T)). The default dilations 1..32 cover up to
   64 positions, which includes 10-way 5-shot (51); attention reaches further anyway.
@@ -57,6 +65,7 @@ from torch.nn import functional as F
 from model.config import RegrabConfig, SnailConfig
 from model.methods.base import PriorFreeHead, episode_chunks, require_shots
 from model.methods.registry import Method
+from model.posterior.logits import similarity_logits
 from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -106,12 +115,14 @@ class AttentionBlock(nn.Module):
         self.value = nn.Linear(dim, value)
         self.scale = key ** -0.5
 
-    def forward(self, x: torch.Tensor, m: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, m: int, bias: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """Support t attends to supports 0..t; each query attends to every support and
-        itself.
+        itself. ``bias`` (the fixed metric) is added to the logits of reading the supports.
 
         Shapes:
-            x: (G, M + Q, F) (the M supports, then the queries) -> (G, M + Q, F + value)
+            x: (G, M + Q, F) (the M supports, then the queries), bias: (G, M + Q, M)
+            -> (G, M + Q, F + value)
         """
         t = x.shape[1]
         q, k, v = self.query(x), self.key(x), self.value(x)  # (G, M + Q, key or value)
@@ -123,7 +134,10 @@ class AttentionBlock(nn.Module):
         future = torch.arange(m, device=x.device)[None, :] > row  # (M + Q, M)
         logits = torch.cat([to_supports.masked_fill(future, float("-inf")),
                             to_self.masked_fill(row < m, float("-inf"))], dim=-1)
-        w = torch.softmax(logits * self.scale, dim=-1)  # (G, M + Q, M + 1)
+        logits = logits * self.scale
+        if bias is not None:
+            logits = logits + F.pad(bias, (0, 1))  # reading itself: no term
+        w = torch.softmax(logits, dim=-1)  # (G, M + Q, M + 1)
         read = w[..., :m] @ v[:, :m] + w[..., m:] * v  # (G, M + Q, value)
         return torch.cat([x, read], dim=-1)
 
@@ -150,6 +164,8 @@ class SnailHead(PriorFreeHead):
             f += value
         self.blocks = nn.ModuleList(blocks)
         self.out = nn.Linear(f, 1)
+        if config.metric_temperature > 0:  # log g of the fixed metric (module doc)
+            self.log_gain = nn.Parameter(torch.tensor(1.0 / config.metric_temperature).log())
 
     def sample_logits(self, support: torch.Tensor, query: torch.Tensor,
                       h: torch.Tensor | None = None, generator: torch.Generator | None = None
@@ -172,11 +188,7 @@ class SnailHead(PriorFreeHead):
             support: (B, N, K, D), query: (B, Q, D) -> (G, M + Q, F)
         """
         b, n, k, d = support.shape
-        x = support.reshape(b, n * k, d)
-        with torch.no_grad():
-            key = (x.double() * self.direction.double()).sum(-1)  # (B, M)
-            order = torch.argsort(key, dim=-1, stable=True)  # (B, M)
-        x = x.gather(1, order[..., None].expand(-1, -1, d))  # (B, M, D), content order
+        x, order = self.content_order(support)  # (B, M, D), (B, M)
         way = torch.arange(n, device=support.device)
         label = way.repeat_interleave(k)[order]  # (B, M)
         member = (label[:, None, :] == way[None, :, None]).to(x.dtype)  # (B, C, M)
@@ -186,7 +198,35 @@ class SnailHead(PriorFreeHead):
         q = F.pad(q, (0, LABEL_FEATURES))  # the query's label features are zero
         return torch.cat([s, q], dim=2).reshape(b * n, n * k + query.shape[1], -1)
 
-    def trunk(self, x: torch.Tensor, m: int) -> torch.Tensor:
+    def content_order(self, support: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The supports sorted by their projection on ``direction``, and that order.
+
+        Shapes:
+            support: (B, N, K, D) -> (B, M, D), (B, M)
+        """
+        b, n, k, d = support.shape
+        x = support.reshape(b, n * k, d)
+        with torch.no_grad():
+            key = (x.double() * self.direction.double()).sum(-1)  # (B, M)
+            order = torch.argsort(key, dim=-1, stable=True)  # (B, M)
+        return x.gather(1, order[..., None].expand(-1, -1, d)), order
+
+    def metric(self, support: torch.Tensor, query: torch.Tensor) -> torch.Tensor | None:
+        """The fixed metric of every sequence's positions over its sorted supports, each row
+        less its largest entry (module doc); None with ``metric_temperature`` 0.
+
+        Shapes:
+            support: (B, N, K, D), query: (B, Q, D) -> (G, M + Q, M)
+        """
+        if self.config.metric_temperature <= 0:
+            return None
+        x, _ = self.content_order(support)  # (B, M, D)
+        bias = self.log_gain.exp() * similarity_logits(torch.cat([x, query], dim=1), x,
+                                                       "euclidean", 1.0)  # (B, M + Q, M)
+        bias = bias - bias.max(-1, keepdim=True).values.detach()
+        return bias.repeat_interleave(support.shape[1], dim=0)  # sequence g = b N + c
+
+    def trunk(self, x: torch.Tensor, m: int, bias: torch.Tensor | None = None) -> torch.Tensor:
         """All blocks over the shared prefix ``x[:, :m]`` and the queries after it, each at
         position M of its own sequence.
 
@@ -197,7 +237,7 @@ class SnailHead(PriorFreeHead):
             x: (G, M + Q, F) -> (G, M + Q, F')
         """
         for block in self.blocks:
-            x = block(x, m)
+            x = block(x, m, bias) if isinstance(block, AttentionBlock) else block(x, m)
         return x
 
     def scores(self, support: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
@@ -207,7 +247,8 @@ class SnailHead(PriorFreeHead):
             support: (B, N, K, D), query: (B, Q, D) -> (B, Q, N)
         """
         b, n, k, _ = support.shape
-        x = self.trunk(self.sequences(support, query), n * k)[:, n * k:]  # (G, Q, F')
+        x = self.trunk(self.sequences(support, query), n * k,
+                       self.metric(support, query))[:, n * k:]  # (G, Q, F')
         return self.out(x)[..., 0].reshape(b, n, -1).transpose(1, 2)  # (B, Q, N)
 
 

@@ -139,16 +139,21 @@ def test_head_sizes_are_validated_by_the_schema(heads, message):
 
 
 def test_the_checked_in_head_sizes_are_the_ones_models_were_trained_with():
-    """params.yaml's model.heads holds the code defaults of the versions before it, so
-    the gnn, snail and pair models trained then are reused, not retrained."""
+    """params.yaml's model.heads holds the code defaults of the versions before it, but for
+    metric_temperature (0 then): the gnn, snail and pair models trained then are retrained
+    with the fixed metric, the other methods' are reused."""
     for method, sizes in OLD_HEAD_SIZES.items():
-        assert dataclasses.asdict(getattr(model_config(method), method)) == sizes
+        now = dataclasses.asdict(getattr(model_config(method), method))
+        assert now["metric_temperature"] > 0
+        assert {**now, "metric_temperature": 0.0} == sizes
 
 
 @pytest.mark.parametrize("method", ["gnn", "snail", "pair"])
 def test_a_checkpoint_from_before_model_heads_loads_with_the_old_sizes(tmp_path, encoder,
                                                                         method):
     cfg = model_config(method, encoder=encoder)
+    cfg = dataclasses.replace(cfg, **{method: dataclasses.replace(  # as built then
+        getattr(cfg, method), metric_temperature=0.0)})
     model = build_model(cfg, None)
     with torch.no_grad():
         for p in model.head.parameters():
@@ -163,12 +168,15 @@ def test_a_checkpoint_from_before_model_heads_loads_with_the_old_sizes(tmp_path,
     assert getattr(loaded.config, method) == getattr(cfg, method)
     a, b = model.state_dict(), loaded.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    # Its fingerprint is the one today's params give, so the finished model is reused...
+    # Its fingerprint is the one the old params give, so the finished model was reused...
     assert checkpoint.params == old_params and same_params(checkpoint.params, params)
     # ...until the sizes change.
     other = model_config(method, heads={method: {"chunk_" + (
         "positions" if method == "snail" else "pairs"): 8}})
     assert not same_params(checkpoint.params, {**params, "model": other.to_dict()})
+    # Today's params (the fixed metric on) retrain it.
+    today = model_config(method, encoder=encoder).to_dict()
+    assert not same_params(checkpoint.params, {**params, "model": today})
 
 
 def test_upgrade_fills_only_missing_keys():
@@ -177,7 +185,8 @@ def test_upgrade_fills_only_missing_keys():
     bare = {k: v for k, v in cfg.items() if k != "gnn"}
     assert upgrade(bare)["gnn"] == OLD_HEAD_SIZES["gnn"] and "gnn" not in bare
     assert upgrade("not a dict") == "not a dict"
-    assert RegrabConfig.from_dict(bare) == model_config("gnn")
+    old = dataclasses.replace(model_config("gnn").gnn, metric_temperature=0.0)
+    assert RegrabConfig.from_dict(bare) == dataclasses.replace(model_config("gnn"), gnn=old)
 
 
 def test_a_checkpoint_config_out_of_limits_is_refused_as_the_file_s_fault(tmp_path, encoder):

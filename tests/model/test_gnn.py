@@ -58,15 +58,19 @@ def reference_scores(h: GNNHead, support: torch.Tensor, query: torch.Tensor) -> 
             sup = [torch.cat([h.embed(support[w, i]), support.new_tensor([float(w == c), 1.0])])
                    for w in range(n) for i in range(k)]
             qry = torch.cat([h.embed(query[j]), query.new_tensor([1.0 / n, 0.0])])
+            enc = [support[w, i] for w in range(n) for i in range(k)]  # for the fixed metric
+            g = h.log_gain.exp() if h.config.metric_temperature > 0 else 0.0
             layers = [*zip(h.adjacency, h.convs, strict=True), (h.out_adjacency, h.out)]
             for depth, (adj, conv) in enumerate(layers):
-                def read(x, skip, adj=adj, sup=sup):
+                def read(x, skip, adj=adj, sup=sup, enc=enc, g=g, x_q=query[j]):
                     """sum_j A_xj s_j over the supports j other than ``skip``."""
                     nb = [s for i, s in enumerate(sup) if i != skip]
                     if not nb:
                         return torch.zeros_like(x)
+                    x_enc = x_q if skip is None else enc[skip]
                     e = torch.stack([adj.mlp((adj.project(x) - adj.project(s)).abs())[0]
-                                     for s in nb])
+                                     - g / 2 * (x_enc - enc[i]).pow(2).sum()
+                                     for i, s in enumerate(sup) if i != skip])
                     return (torch.softmax(e, 0)[:, None] * torch.stack(nb)).sum(0)
 
                 def gc(x, skip, conv=conv, read=read):

@@ -104,7 +104,9 @@ def reference_logits(h: PairHead, support: torch.Tensor, query: torch.Tensor) ->
                 seq = torch.stack(tokens)[None]  # (1, 2 T + 1, W)
                 for layer in h.layers:
                     seq = layer(seq)
-                shots.append(h.out(seq[0, 0])[0])
+                near = -0.5 * (query[i] - support[w, j]).pow(2).sum()  # the fixed metric
+                shots.append(h.out(seq[0, 0])[0] + (h.log_gain.exp() * near
+                                                    if h.config.metric_temperature > 0 else 0))
             out[i, w] = torch.stack(shots).mean()
     return out
 
