@@ -9,8 +9,9 @@ the last one and ends with the same embeddings (bit for bit on CPU) as a run
 that was never stopped (:mod:`model.transe.training`).
 
 The report (a git-tracked DVC output) holds only what the data and params decide, so a rerun
-writes it byte for byte; the wall-clock numbers (``train_seconds``, ``triples_per_second``)
-go to ``<report stem>.timing.json`` beside it, which git ignores and DVC does not track.
+writes it byte for byte, resumed or not; how the run went (``train_seconds``,
+``triples_per_second``, ``resumed_from_epoch``) goes to ``<report stem>.timing.json`` beside
+it, which git ignores and DVC does not track.
 
 Usage:
     python -m stages.train_transe --triples data/wikidata/triples.parquet \\
@@ -38,7 +39,7 @@ from pipeline.io import read_parquet, write_json, write_parquet  # noqa: E402
 from pipeline.schemas import TRIPLES_SCHEMA, embeddings_schema  # noqa: E402
 
 #: Report keys that change from run to run with the machine's speed, not with the data.
-TIMING_KEYS = ("train_seconds", "triples_per_second")
+TIMING_KEYS = ("train_seconds", "triples_per_second", "resumed_from_epoch")
 
 
 def timing_path(report: Path) -> Path:

@@ -194,6 +194,16 @@ def test_rerun_writes_the_same_report_and_keeps_timings_apart(tiny):
     assert set(timing) == set(train_transe.TIMING_KEYS) and timing["train_seconds"] > 0
 
 
+def test_a_resumed_run_writes_the_report_of_a_fresh_one(tiny):
+    """Where a run resumed is the run's record, not the data's: a rerun that resumes from the
+    finished checkpoint writes the tracked report byte for byte."""
+    assert run(tiny)["resumed_from_epoch"] == 0
+    fresh = (tiny / "emb.metrics.json").read_bytes()
+    assert run(tiny)["resumed_from_epoch"] > 0
+    assert (tiny / "emb.metrics.json").read_bytes() == fresh
+    assert json.loads((tiny / "emb.timing.json").read_text())["resumed_from_epoch"] > 0
+
+
 def test_resume_after_interruption_matches_uninterrupted(tiny, monkeypatch):
     write_params(tiny / "params.yaml", model={"epochs": 6}, checkpoint_every=2)
     run(tiny, "full")
