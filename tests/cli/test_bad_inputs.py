@@ -12,25 +12,19 @@ import yaml
 
 from cli import predict, score
 from model.files.checkpoint import MODEL_FILE
-from model.predict.sentences import parse_sentence
+from tests.cli.inputs import write_predict_inputs
 from tests.conftest import project_params
 from tests.model.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
 
 ROOT = Path(__file__).resolve().parents[2]
-RELATIONS = ["P6", "P7", "P8"]
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A tiny checkpoint, a 3-way 2-shot support file and three good queries."""
     root = tmp_path_factory.mktemp("bad_cli")
-    rows = toy_table(RELATIONS, 4, seed=4).to_pylist()
-    support = [{"relation": r["relation"], "text": parse_sentence(r).marked()}
-               for r in rows if int(r["instance_id"].rsplit("-", 1)[1]) < 2]
-    queries = [{"text": parse_sentence(r).marked()} for r in rows[2::4]]
-    (root / "support.jsonl").write_text("".join(json.dumps(s) + "\n" for s in support))
-    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    rows = write_predict_inputs(root)
     return {"root": root, "ckpt": tiny_checkpoint(root), "support": root / "support.jsonl",
             "queries": root / "queries.jsonl", "rows": rows}
 

@@ -20,14 +20,13 @@ from cli import fewrel_test, predict, score
 from cli.files import write_predictions
 from cli.text import EscapingStream, lone_surrogate, printable
 from model.files.checkpoint import MODEL_FILE
-from model.predict.sentences import parse_sentence
 from pipeline.errors import PipelineError
+from tests.cli.inputs import RELATIONS, write_predict_inputs
 from tests.conftest import project_params
 from tests.model.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
 
 ROOT = Path(__file__).resolve().parents[2]
-RELATIONS = ["P6", "P7", "P8"]
 
 
 def _record(r):
@@ -40,12 +39,7 @@ def _record(r):
 def files(tmp_path_factory):
     """A tiny checkpoint (also as a models folder), support, queries, FewRel data, params."""
     root = tmp_path_factory.mktemp("hostile_users")
-    rows = toy_table(RELATIONS, 4, seed=4).to_pylist()
-    support = [{"relation": r["relation"], "text": parse_sentence(r).marked()}
-               for r in rows if int(r["instance_id"].rsplit("-", 1)[1]) < 2]
-    queries = [{"text": parse_sentence(r).marked()} for r in rows[2::4]]
-    (root / "support.jsonl").write_text("".join(json.dumps(s) + "\n" for s in support))
-    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    rows = write_predict_inputs(root)
     fewrel: dict[str, list] = {}
     for r in toy_table(RELATIONS, 6, seed=5).to_pylist():
         fewrel.setdefault(r["relation"], []).append(_record(r))

@@ -17,26 +17,19 @@ import pytest
 
 from cli import fewrel_test, guard, models, predict, score
 from model.files import model_folder
-from model.predict.sentences import parse_sentence
 from pipeline.errors import INTERRUPTED, PipelineError
 from pipeline.io import atomic_path, atomic_paths
+from tests.cli.inputs import write_predict_inputs
 from tests.model.test_predictor import tiny_checkpoint
-from tests.model.tiny_regrab import toy_table
 
 ROOT = Path(__file__).resolve().parents[2]
-RELATIONS = ["P6", "P7", "P8"]
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A tiny checkpoint, a 3-way 2-shot support file, three queries, a FewRel-format file."""
     root = tmp_path_factory.mktemp("no_data_loss")
-    rows = toy_table(RELATIONS, 4, seed=4).to_pylist()
-    support = [{"relation": r["relation"], "text": parse_sentence(r).marked()}
-               for r in rows if int(r["instance_id"].rsplit("-", 1)[1]) < 2]
-    queries = [{"text": parse_sentence(r).marked()} for r in rows[2::4]]
-    (root / "support.jsonl").write_text("".join(json.dumps(s) + "\n" for s in support))
-    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    rows = write_predict_inputs(root)
     fewrel: dict[str, list] = {}
     for r in rows:
         fewrel.setdefault(r["relation"], []).append(
