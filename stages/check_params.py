@@ -1,0 +1,191 @@
+"""Stage ``check_params``: every section of ``params.yaml`` checked before any other stage runs.
+
+Each stage validates its own section as it starts, but DVC runs stages in order: a bad value
+for ``train`` (``dvc exp run -S train.steps=-5``) used to surface only after every stale stage
+upstream of ``train`` had run. This stage is upstream of all of them (``fetch`` reads its
+output) and depends on the whole of ``params.yaml``, so DVC runs it first whenever a value
+changed, and a mistake is one ``error:`` line before any work.
+
+:func:`check_params` validates every section with its registered schema
+(``pipeline.sections``), then the checks that span sections, made by the stages' own loaders
+where they exist (``load_train`` merges ``benchmarks.<name>.train`` into ``train``;
+``comparison`` caps ``train.ways``), plus the checks a stage makes on its section as it starts
+(``split_nyt.seeds``, ``prepare_fewshot.datasets``, the encoder name).
+``orchestration.overrides --check`` and the Prefect flow call the same function on a params
+tree with their overrides applied.
+
+The output holds a fixed sentence, so a stage that reads it is not made stale by a new value
+it does not read: DVC reruns only what the changed keys feed.
+
+Usage:
+    python -m stages.check_params --params params.yaml --out data/params.checked
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.config import load_params
+from pipeline.errors import PipelineError, run_cli
+from pipeline.io import atomic_path
+from pipeline.sections import known_sections
+
+PARAMS_NAME = "params.yaml"
+#: What the output holds: the same bytes for every valid params file.
+CHECKED = "every section of params.yaml passed its schema and the checks across sections\n"
+
+
+def _ours(name: str, raw: Any) -> bool:
+    """Whether a known schema reads section ``name`` as it stands (else another project's)."""
+    from pipeline.config import check_section
+
+    try:
+        return check_section(name, raw)
+    except PipelineError:
+        return False
+
+
+def _train_configs(params: Path, root: Path) -> list[Any]:
+    """``train`` as every benchmark's models train with it (``load_train``, as the stage)."""
+    from model.training.config import load_train
+    from pipeline.config import load_params
+
+    benchmarks = load_params(params).get("benchmarks") or {}
+    return [load_train(params), *(load_train(params, name) for name in benchmarks)]
+
+
+def _comparison(params: Path, root: Path) -> None:
+    from model.training.config import load_comparison
+
+    for cfg in _train_configs(params, root):
+        load_comparison(params, cfg.methods).schedule(cfg)
+
+
+def _encoder(params: Path, root: Path) -> None:
+    from model.encoder.files import resolve_encoder_path
+    from pipeline.config import load_params
+
+    # Stages run in the project root, so a relative encoder folder is found from there.
+    with contextlib.chdir(root):
+        resolve_encoder_path(load_params(params, "model")["encoder"]["name"])
+
+
+def _seeds(params: Path, root: Path) -> None:
+    from pipeline.config import load_params
+    from stages.split_nyt import check_seeds
+
+    check_seeds(list(load_params(params, "split_nyt")["seeds"]))
+
+
+def _datasets(params: Path, root: Path) -> None:
+    from pipeline.config import load_params
+    from stages.prepare_fewshot import check_datasets
+
+    check_datasets(list(load_params(params, "prepare_fewshot")["datasets"]))
+
+
+#: (keys read, as section or dotted prefixes; the check of (a params file, the folder the
+#: stages run in)): run when every section read is ours; a failure names the overrides of
+#: those keys.
+CROSS_CHECKS: list[tuple[tuple[str, ...], Callable[[Path, Path], Any]]] = [
+    (("train", "benchmarks"), _train_configs),
+    (("train", "benchmarks", "comparison"), _comparison),
+    (("model.encoder.name",), _encoder),
+    (("split_nyt.seeds",), _seeds),
+    (("prepare_fewshot.datasets",), _datasets),
+]
+
+
+def check_params(before: dict[str, Any], after: dict[str, Any], changed: dict[str, str],
+                 root: Path) -> None:
+    """Check ``after`` (``before`` with overrides) as every stage will read it.
+
+    With overrides, only sections that a known schema reads in ``before`` are checked: a
+    section of another project's file is left to its own stage. Without (``changed`` empty,
+    the DVC stage), every section is checked and one no stage reads is refused.
+
+    Args:
+        before: the params tree as in the file.
+        after: the same with the overrides applied.
+        changed: ``{key: "-S key=value"}`` of the overrides, to name in the message; empty
+            when ``after`` is the file as it stands.
+        root: the folder the stages run in (relative paths are found from there).
+
+    Raises:
+        PipelineError: ``-S key=value: what the stage would say; change the override`` (without
+            overrides: ``what the stage would say; fix params.yaml``).
+    """
+    import stages  # noqa: F401  (declares each section's owner, so its schema can load)
+    from pipeline.config import check_section
+
+    if changed:
+        ours = {name for name in after if name in before and _ours(name, before[name])}
+    else:  # the file as it stands: every section is ours, and each must be known
+        known = known_sections() or set()
+        stray = sorted(name for name in after if name not in known)
+        if stray:
+            raise PipelineError(f"{PARAMS_NAME} has section(s) {', '.join(stray)} that no "
+                                f"stage reads; fix the name or remove them "
+                                f"(known: {', '.join(sorted(known))})")
+        ours = set(after)
+
+    def fail(read: tuple[str, ...], exc: PipelineError) -> PipelineError:
+        reason = str(exc).removesuffix("; fix params.yaml")
+        # The overrides the message names, else those of the keys the check reads.
+        given = [text for key, text in changed.items() if key in reason] or [
+            text for key, text in changed.items()
+            if any(key == p or key.startswith(f"{p}.") for p in read)]
+        if not changed:  # the file as it stands (the DVC stage)
+            return PipelineError(f"{reason}; fix {PARAMS_NAME}")
+        given = " ".join(given or changed.values())
+        return PipelineError(f"{given}: {reason}; change the override")
+
+    for name in sorted(ours):
+        try:
+            check_section(name, after[name])
+        except PipelineError as exc:
+            raise fail((name,), exc) from None
+    checks = [(read, check) for read, check in CROSS_CHECKS
+              if {key.split(".")[0] for key in read} <= ours]
+    if not checks:
+        return
+    with tempfile.TemporaryDirectory(prefix="params-check-") as tmp:
+        # The stages' loaders read a file: the same tree, written where nobody else looks.
+        path = Path(tmp) / "params.yaml"
+        path.write_text(yaml.safe_dump(after, sort_keys=False))
+        for read, check in checks:
+            try:
+                check(path, root)
+            except PipelineError as exc:
+                raise fail(read, exc) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", type=Path, default=Path(PARAMS_NAME),
+                        help="the params file to check (default: params.yaml)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="file written when every check passes (a fixed sentence)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Check the whole params file; write ``--out`` only when it passes."""
+    args = build_parser().parse_args(argv)
+    params = load_params(args.params)
+    check_params(params, params, {}, Path.cwd())
+    with atomic_path(args.out) as tmp:
+        tmp.write_text(CHECKED)
+    print(f"{args.params}: every section checked")
+
+
+if __name__ == "__main__":
+    run_cli(main)

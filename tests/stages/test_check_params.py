@@ -1,0 +1,77 @@
+"""Tests for stages/check_params.py: the whole params file checked before any stage runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.errors import PipelineError
+from stages import check_params as cp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _params(tmp_path: Path, edit=None) -> Path:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    if edit is not None:
+        edit(params)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+def test_the_project_params_pass_and_the_output_is_a_fixed_sentence(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the encoder folder and relative paths resolve from the root
+    out = tmp_path / "checked"
+    cp.main(["--params", str(ROOT / "params.yaml"), "--out", str(out)])
+    assert out.read_text() == cp.CHECKED
+
+
+def test_a_bad_value_in_a_downstream_section_fails_and_writes_nothing(tmp_path):
+    path = _params(tmp_path, lambda p: p["train"].__setitem__("steps", -5))
+    out = tmp_path / "checked"
+    proc = subprocess.run([sys.executable, "-m", "stages.check_params", "--params", str(path),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert "train.steps" in lines[0] and "fix params.yaml" in lines[0]
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["params.yaml"]  # no temporary left
+
+
+def test_a_benchmark_override_is_checked_as_train_reads_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    path = _params(tmp_path, lambda p: p["benchmarks"]["fewrel"]["train"].__setitem__(
+        "steps", "abc"))
+    with pytest.raises(PipelineError, match="steps"):
+        cp.main(["--params", str(path), "--out", str(tmp_path / "checked")])
+
+
+def test_a_section_no_stage_reads_is_refused(tmp_path):
+    path = _params(tmp_path, lambda p: p.__setitem__("trian", {"steps": 5}))
+    with pytest.raises(PipelineError, match="trian.*no stage reads"):
+        cp.main(["--params", str(path), "--out", str(tmp_path / "checked")])
+
+
+def test_every_stage_runs_after_check_params():
+    """DVC runs stages upstream first: check_params must be upstream of every other stage."""
+    import networkx as nx
+    from dvc.repo import Repo
+
+    with Repo(str(ROOT)) as repo:
+        graph = repo.index.graph  # edges point from a stage to the stages it depends on
+        stages = {stage.addressing: stage for stage in graph.nodes}
+        check = stages.pop("check_params")
+        late = sorted(name for name, stage in stages.items()
+                      if check not in nx.descendants(graph, stage))
+    assert late == []
+    # The whole file is tracked, so any changed value makes the check stale.
+    with Repo(str(ROOT)) as repo:
+        (stage,) = repo.stage.collect("check_params")
+        (dep,) = stage.params
+        assert Path(dep.def_path).name == "params.yaml" and not dep.params
