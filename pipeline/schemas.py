@@ -35,15 +35,27 @@ TRIPLES_SCHEMA = pa.schema(
     ]
 )
 
-#: Relation catalogue: property id, English label, number of triples.
+#: Relation catalogue: property id, English label, number of triples, English description
+#: and aliases (empty list when none), and where the label and description came from
+#: (``"dump"``: the property entity in a Wikidata dump; ``"pid2name"``: FewRel's
+#: ``pid2name.json``; null when there is none).
 RELATIONS_SCHEMA = pa.schema(
     [
         pa.field("relation", pa.string(), nullable=False),
         pa.field("label", pa.string()),
         pa.field("triple_count", pa.int64(), nullable=False),
+        pa.field("description", pa.string()),
+        pa.field("aliases", pa.list_(pa.string()), nullable=False),
+        pa.field("label_source", pa.string()),
+        pa.field("description_source", pa.string()),
     ]
 )
 
+
+#: The columns of ``RELATIONS_SCHEMA`` that the model reads (a relation's text): read with
+#: this schema, a relations table keeps working when provenance columns are added.
+RELATION_TEXT_SCHEMA = pa.schema([RELATIONS_SCHEMA.field(name)
+                                  for name in ("relation", "label", "description")])
 
 def embeddings_schema(dim: int) -> pa.Schema:
     """Relation embeddings: property id and a fixed-size float32 vector of ``dim``."""

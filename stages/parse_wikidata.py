@@ -7,6 +7,11 @@ Malformed lines are skipped and counted; a damaged compressed range keeps what c
 the damage and, unless ``--allow-damaged``, fails the stage after every output is written.
 A killed run resumes from the ranges it had finished. The library is ``pipeline.wikidata``.
 
+The relations table gives each property's English label, description and aliases, and says
+where the label and description came from: the property's entity in a dump, else
+``--pid2name`` (which has no aliases). A text field of the wrong shape is skipped and
+counted in the report (``malformed_texts`` per input), never fatal.
+
 The report (a git-tracked DVC output) holds only what the inputs decide, so a rerun writes it
 byte for byte; how this run went (each input's wall and CPU seconds, the engine and worker
 count) goes to ``<report stem>.timing.json`` beside it, which git ignores and DVC does not
@@ -28,6 +33,7 @@ from pipeline.wikidata.engine import ADDRESS_ENV, parse_inputs
 from pipeline.wikidata.formats import usable_cores
 from pipeline.wikidata.ranges import DEFAULT_BATCH_BYTES, DEFAULT_RANGE_BYTES
 from pipeline.wikidata.tables import (
+    Pid2Name,
     first_occurrences,
     load_pid2name,
     relation_coverage,
@@ -66,6 +72,8 @@ def _summary_lines(report: dict[str, Any]) -> list[str]:
     for item in report["inputs"]:
         bad = item["malformed_statements"]
         bad = f", {bad} bad statements" if bad else ""
+        texts = sum(item["malformed_texts"].values())
+        bad += f", {texts} bad property texts" if texts else ""
         dump = item["format"] == "dump"
         what = f"{item['entities']:,} entities" if dump else f"{item['records']:,} rows"
         lines.append(
@@ -81,6 +89,12 @@ def _summary_lines(report: dict[str, Any]) -> list[str]:
         f"total: {report['triples']:,} distinct triples, {report['relations']:,} relations "
         f"(labels: {report['labels']['dump']} from dumps, {report['labels']['pid2name']} from "
         f"pid2name, {report['labels']['missing']} missing)"
+    )
+    described, aliases = report["descriptions"], report["aliases"]
+    lines.append(
+        f"descriptions: {described['dump']} from dumps, {described['pid2name']} from pid2name, "
+        f"{described['missing']} missing; {aliases['relations']} relations with aliases "
+        f"({aliases['aliases']} in all)"
     )
     for name, cov in report["coverage"].items():
         missing = ", ".join(cov["missing"]) or "none"
@@ -99,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Wikidata JSON dumps (.json, .bz2, .gz) and triple files (.tsv, .txt, .csv)")
     add("--out", required=True, type=Path, help="triples Parquet (TRIPLES_SCHEMA)")
     add("--relations-out", type=Path, help="relations Parquet (RELATIONS_SCHEMA)")
-    add("--pid2name", type=Path, help="FewRel pid2name.json, fallback labels")
+    add("--pid2name", type=Path,
+        help="FewRel pid2name.json, fallback labels and descriptions")
     add("--report", type=Path, help="JSON report: per-file counts, coverage, damage")
     add("--coverage", nargs="+", action="extend", type=Path, default=[], metavar="FEWREL_JSON",
         help="FewRel-format files whose relation coverage to report; takes every path "
@@ -134,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     if args.workers < 0 or args.range_mb <= 0 or args.batch_mb <= 0:
         raise PipelineError("--workers must be >= 0, --range-mb and --batch-mb > 0")
-    pid2name = load_pid2name(args.pid2name) if args.pid2name else {}
+    pid2name = load_pid2name(args.pid2name) if args.pid2name else Pid2Name()
     for path in args.coverage:  # check the coverage files before the long parse
         relation_coverage(path, set())
 
@@ -158,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     keep = first_occurrences(parsed)
     write_triples(parsed, keep, args.out)
-    relations, label_origin = relations_table(parsed, keep, pid2name)
+    relations, text_counts = relations_table(parsed, keep, pid2name)
     if args.relations_out:
         write_parquet(relations, args.relations_out, RELATIONS_SCHEMA)
     present = set(relations.column("relation").to_pylist())
@@ -167,7 +182,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "inputs": [stats.to_json() for stats in parsed.stats],
         "triples": int(len(keep)),
         "relations": relations.num_rows,
-        "labels": label_origin,
+        **text_counts,  # labels and descriptions by source, aliases
+        "pid2name": {
+            "names": len(pid2name.names),
+            "descriptions": len(pid2name.descriptions),
+            "malformed_descriptions": pid2name.malformed_descriptions,
+        },
         "coverage": {path.name: relation_coverage(path, present) for path in args.coverage},
         "damaged": bool(damaged),
         "damaged_ranges": sum(s.damaged_ranges for s in parsed.stats),

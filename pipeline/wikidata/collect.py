@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from pipeline.io import atomic_path, write_json
 from pipeline.wikidata.formats import InputFormat
-from pipeline.wikidata.parse import MAX_EXAMPLES
+from pipeline.wikidata.parse import MAX_EXAMPLES, TEXT_FIELDS
 from pipeline.wikidata.ranges import RangeResult, WorkRange
 
 _PART_SCHEMA = pa.schema([("h", pa.uint32()), ("r", pa.uint32()), ("t", pa.uint32())])
@@ -80,7 +80,8 @@ def manifest(paths: list[Path], formats: list[InputFormat], range_bytes: int) ->
     for path, fmt in zip(paths, formats, strict=True):
         stat = path.stat()
         inputs.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns, *vars(fmt).values()])
-    return {"version": 1, "range_bytes": range_bytes, "inputs": inputs}
+    # Version 2: ranges also carry descriptions and aliases; older folders start over.
+    return {"version": 2, "range_bytes": range_bytes, "inputs": inputs}
 
 
 @dataclass
@@ -102,6 +103,7 @@ class FileStats:
     new_triples: int = 0
     malformed: Counter = field(default_factory=Counter)
     malformed_statements: int = 0
+    malformed_texts: Counter = field(default_factory=Counter)
     examples: list[tuple[int, str, str]] = field(default_factory=list)
     stream_error: str | None = None
     seconds: float = 0.0
@@ -118,6 +120,7 @@ class FileStats:
         self.triples += len(result.heads)
         self.malformed.update(result.malformed)
         self.malformed_statements += result.malformed_statements
+        self.malformed_texts.update(result.malformed_texts)
         room = MAX_EXAMPLES - len(self.examples)
         self.examples.extend(
             (first_line + line, reason, text) for line, reason, text in result.examples[:room]
@@ -151,6 +154,7 @@ class FileStats:
             "malformed_lines": sum(self.malformed.values()),
             "malformed_reasons": dict(sorted(self.malformed.items())),
             "malformed_statements": self.malformed_statements,
+            "malformed_texts": {name: self.malformed_texts[name] for name in TEXT_FIELDS},
             "malformed_examples": [
                 {"line": line, "reason": reason, "text": text}
                 for line, reason, text in self.examples
@@ -168,7 +172,8 @@ class ParseResult:
     Attributes:
         heads, relations, tails: uint32 id numbers of every triple read (with repeats).
         file_index: uint16 index into ``stats`` of the file each triple came from.
-        labels: Property labels from property entities in the dumps.
+        labels, descriptions, aliases: English texts of property entities in the dumps, by
+            property number (the first seen of each, in input order).
         stats: One entry per input, in input order.
         engine: What ran the ranges (``"in-process"``, ``"local Dask cluster, 2 workers"``,
             ``"Dask scheduler tcp://..."``).
@@ -179,6 +184,8 @@ class ParseResult:
     tails: np.ndarray
     file_index: np.ndarray
     labels: dict[int, str]
+    descriptions: dict[int, str]
+    aliases: dict[int, list[str]]
     stats: list[FileStats]
     engine: str = "in-process"
 
@@ -187,7 +194,7 @@ def merge(store: PartStore, ranges: list[WorkRange], stats: list[FileStats]) -> 
     """Read the finished ranges back in (file, range) order: the order a single reader of
     the inputs would have seen, so deduplication keeps the same first occurrences."""
     chunks: dict[str, list[np.ndarray]] = {"h": [], "r": [], "t": [], "f": []}
-    labels: dict[int, str] = {}
+    texts: tuple[dict, dict, dict] = ({}, {}, {})  # labels, descriptions, aliases
     for work in ranges:
         result = store.load(work)
         stats[work.file_index].add(work, result)
@@ -195,8 +202,10 @@ def merge(store: PartStore, ranges: list[WorkRange], stats: list[FileStats]) -> 
         chunks["r"].append(result.relations)
         chunks["t"].append(result.tails)
         chunks["f"].append(np.full(len(result.heads), work.file_index, dtype=np.uint16))
-        for number, label in result.labels.items():
-            labels.setdefault(number, label)
+        for mine, theirs in zip(texts, (result.labels, result.descriptions, result.aliases),
+                                strict=True):
+            for number, text in theirs.items():
+                mine.setdefault(number, text)
 
     def joined(key: str, dtype: type) -> np.ndarray:
         parts = chunks.pop(key)
@@ -207,6 +216,8 @@ def merge(store: PartStore, ranges: list[WorkRange], stats: list[FileStats]) -> 
         relations=joined("r", np.uint32),
         tails=joined("t", np.uint32),
         file_index=joined("f", np.uint16),
-        labels=labels,
+        labels=texts[0],
+        descriptions=texts[1],
+        aliases=texts[2],
         stats=stats,
     )

@@ -6,12 +6,18 @@ references never count. Datavalues may be in the current format (``"id": "Q5"``)
 one (only ``"numeric-id": 5`` with ``"entity-type": "item"``). Ids are kept as ``uint32``
 numbers (``Q42`` -> 42), so memory grows with the number of triples, not with the text.
 
+A property entity gives its English label, description and aliases (``labels.en``,
+``descriptions.en``, ``aliases.en``), each cleaned by :func:`clean_text`. A text field of the
+wrong shape (a description that is not a string, aliases that are not a list of strings) is
+skipped and counted in ``malformed_texts``; the entity's other fields are kept.
+
 Everything here is a pure function of its input bytes, so a batch can be parsed in any
 process, on any machine, with the same result.
 """
 
 from __future__ import annotations
 
+import re
 from array import array
 from collections import Counter
 from collections.abc import Iterable
@@ -28,6 +34,10 @@ import pyarrow.csv as pacsv
 MAX_EXAMPLES = 5
 #: Ids are stored as uint32; Wikidata's item ids are in the hundreds of millions.
 MAX_ID = 2**32 - 1
+#: The English text fields of a property entity, by the reason a malformed one is counted as.
+TEXT_FIELDS = ("label", "description", "aliases")
+#: C0 and C1 control characters (tabs and newlines among them).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass
@@ -38,11 +48,15 @@ class BatchResult:
         heads, relations, tails: Triple ids as numbers (``Q42`` -> 42), uint32 arrays
             (``array("I")`` from the line loops, numpy from the columnar path).
         labels: English labels of property entities, by property number.
+        descriptions: Their English descriptions, by property number.
+        aliases: Their English aliases (never an empty list), by property number.
         records: Non-blank lines read (entities for dumps, rows for triple files).
         entities: Dump lines that parsed into an entity.
         properties: Property entities among them.
         malformed: Skipped lines per reason.
         malformed_statements: Statements skipped inside otherwise good entities.
+        malformed_texts: Text fields skipped inside property entities, per
+            :data:`TEXT_FIELDS` name.
         examples: ``(line number, reason, text)`` of the first malformed lines.
     """
 
@@ -50,16 +64,22 @@ class BatchResult:
     relations: array | np.ndarray = field(default_factory=lambda: array("I"))
     tails: array | np.ndarray = field(default_factory=lambda: array("I"))
     labels: dict[int, str] = field(default_factory=dict)
+    descriptions: dict[int, str] = field(default_factory=dict)
+    aliases: dict[int, list[str]] = field(default_factory=dict)
     records: int = 0
     entities: int = 0
     properties: int = 0
     malformed: Counter = field(default_factory=Counter)
     malformed_statements: int = 0
+    malformed_texts: Counter = field(default_factory=Counter)
     examples: list[tuple[int, str, str]] = field(default_factory=list)
 
     def bad(self, line_no: int, reason: str, text: bytes | str) -> None:
-        """Count one malformed line (or statement) and keep the first few as examples."""
-        if reason != "statement":
+        """Count one malformed line (or statement, or text field: ``reason`` is
+        ``"statement"`` or one of :data:`TEXT_FIELDS`) and keep the first few as examples."""
+        if reason in TEXT_FIELDS:
+            self.malformed_texts[reason] += 1
+        elif reason != "statement":
             self.malformed[reason] += 1
         if len(self.examples) < MAX_EXAMPLES:
             if isinstance(text, bytes):
@@ -90,15 +110,82 @@ def _id_number_bytes(text: bytes, prefix: bytes) -> int | None:
     return None
 
 
-def _english_label(entity: dict) -> str | None:
-    """The ``en`` label of an entity, in the current (``{"value": ...}``) or a bare form."""
-    labels = entity.get("labels")
-    if not isinstance(labels, dict):
+def clean_text(text: str) -> str | None:
+    """Text as the relations table keeps it: control characters and runs of whitespace
+    become one space, the ends are trimmed; None when nothing is left."""
+    return " ".join(_CONTROL.sub(" ", text).split()) or None
+
+
+def _english(entity: dict, key: str) -> Any:
+    """The ``en`` entry of an entity's ``labels``/``descriptions``/``aliases`` map, or None.
+
+    Raises:
+        TypeError: The map is not an object (an empty one may be serialised as ``[]``).
+    """
+    texts = entity.get(key)
+    if texts is None or texts == []:
         return None
-    label = labels.get("en")
-    if isinstance(label, dict):
-        label = label.get("value")
-    return label if isinstance(label, str) else None
+    if not isinstance(texts, dict):
+        raise TypeError(f"{key} is a {type(texts).__name__}, not an object")
+    return texts.get("en")
+
+
+def _text_value(value: Any, what: str) -> str:
+    """``{"value": text}`` (the dump's form) or a bare text -> the text.
+
+    Raises:
+        TypeError: Neither form.
+    """
+    if isinstance(value, dict):
+        value = value.get("value")
+    if not isinstance(value, str):
+        raise TypeError(f"{what} is a {type(value).__name__}, not a string")
+    return value
+
+
+def _english_text(entity: dict, key: str) -> str | None:
+    """The cleaned English label (``key="labels"``) or description of an entity, or None.
+
+    Raises:
+        TypeError: The field is not a string.
+    """
+    value = _english(entity, key)
+    return None if value is None else clean_text(_text_value(value, f"{key}.en"))
+
+
+def _english_aliases(entity: dict) -> list[str]:
+    """The cleaned English aliases of an entity, without repeats, in their order.
+
+    Raises:
+        TypeError: ``aliases.en`` is not a list of strings.
+    """
+    values = _english(entity, "aliases")
+    if values is None:
+        return []
+    if not isinstance(values, list):
+        raise TypeError(f"aliases.en is a {type(values).__name__}, not a list")
+    texts = (clean_text(_text_value(value, "an alias")) for value in values)
+    return list(dict.fromkeys(text for text in texts if text))
+
+
+_TEXT_READERS = {
+    "label": lambda entity: _english_text(entity, "labels"),
+    "description": lambda entity: _english_text(entity, "descriptions"),
+    "aliases": _english_aliases,
+}
+
+
+def _add_property_texts(entity: dict, number: int, line_no: int, out: BatchResult) -> None:
+    """Keep a property's English texts (the first seen of each); skip and count bad ones."""
+    kept = {"label": out.labels, "description": out.descriptions, "aliases": out.aliases}
+    for name, read in _TEXT_READERS.items():
+        try:
+            value = read(entity)
+        except TypeError as exc:
+            out.bad(line_no, name, f"{entity.get('id')}: {exc}")
+            continue
+        if value:
+            kept[name].setdefault(number, value)
 
 
 def _tail_of(snak: dict) -> int | None:
@@ -141,9 +228,7 @@ def _add_entity(entity: dict, line_no: int, out: BatchResult) -> None:
             return
         out.entities += 1
         out.properties += 1
-        label = _english_label(entity)
-        if label is not None:
-            out.labels.setdefault(number, label)
+        _add_property_texts(entity, number, line_no, out)
         return
     if entity_type not in ("item", None):  # lexemes, forms, senses: no item triples
         out.entities += 1

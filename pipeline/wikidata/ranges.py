@@ -123,10 +123,12 @@ class RangeResult:
 
     Attributes:
         heads, relations, tails: uint32 triple ids in line order.
-        labels: English labels of property entities, by property number.
+        labels, descriptions, aliases: English texts of property entities, by property
+            number (the first seen of each).
         lines: Lines the range owns (numbers in ``examples`` count from its first, 1).
-        records, entities, properties, malformed, malformed_statements, examples: As in
-            :class:`pipeline.wikidata.parse.BatchResult`, summed over the range.
+        records, entities, properties, malformed, malformed_statements, malformed_texts,
+            examples: As in :class:`pipeline.wikidata.parse.BatchResult`, summed over the
+            range.
         stream_error: The damage that ended the range early, if any.
         cut_short: The text ended at damage (here or in the next range's first block).
         seconds: Wall time the range took.
@@ -137,12 +139,15 @@ class RangeResult:
     relations: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint32))
     tails: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint32))
     labels: dict[int, str] = field(default_factory=dict)
+    descriptions: dict[int, str] = field(default_factory=dict)
+    aliases: dict[int, list[str]] = field(default_factory=dict)
     lines: int = 0
     records: int = 0
     entities: int = 0
     properties: int = 0
     malformed: Counter = field(default_factory=Counter)
     malformed_statements: int = 0
+    malformed_texts: Counter = field(default_factory=Counter)
     examples: list[tuple[int, str, str]] = field(default_factory=list)
     stream_error: str | None = None
     seconds: float = 0.0
@@ -153,12 +158,15 @@ class RangeResult:
         """Everything but the triples, as JSON-ready values."""
         return {
             "labels": {str(k): v for k, v in self.labels.items()},
+            "descriptions": {str(k): v for k, v in self.descriptions.items()},
+            "aliases": {str(k): v for k, v in self.aliases.items()},
             "lines": self.lines,
             "records": self.records,
             "entities": self.entities,
             "properties": self.properties,
             "malformed": dict(self.malformed),
             "malformed_statements": self.malformed_statements,
+            "malformed_texts": dict(self.malformed_texts),
             "examples": [list(example) for example in self.examples],
             "stream_error": self.stream_error,
             "seconds": self.seconds,
@@ -173,12 +181,15 @@ class RangeResult:
             relations=relations,
             tails=tails,
             labels={int(k): v for k, v in counts["labels"].items()},
+            descriptions={int(k): v for k, v in counts["descriptions"].items()},
+            aliases={int(k): v for k, v in counts["aliases"].items()},
             lines=counts["lines"],
             records=counts["records"],
             entities=counts["entities"],
             properties=counts["properties"],
             malformed=Counter(counts["malformed"]),
             malformed_statements=counts["malformed_statements"],
+            malformed_texts=Counter(counts["malformed_texts"]),
             examples=[tuple(example) for example in counts["examples"]],
             stream_error=counts["stream_error"],
             seconds=counts["seconds"],
@@ -287,13 +298,17 @@ def parse_range(
         heads.append(np.frombuffer(batch.heads, dtype=np.uint32))
         relations.append(np.frombuffer(batch.relations, dtype=np.uint32))
         tails.append(np.frombuffer(batch.tails, dtype=np.uint32))
-        for number, label in batch.labels.items():
-            result.labels.setdefault(number, label)
+        for mine, theirs in ((result.labels, batch.labels),
+                             (result.descriptions, batch.descriptions),
+                             (result.aliases, batch.aliases)):
+            for number, text in theirs.items():
+                mine.setdefault(number, text)
         result.records += batch.records
         result.entities += batch.entities
         result.properties += batch.properties
         result.malformed.update(batch.malformed)
         result.malformed_statements += batch.malformed_statements
+        result.malformed_texts.update(batch.malformed_texts)
         result.examples.extend(batch.examples[: MAX_EXAMPLES - len(result.examples)])
     if heads:
         result.heads = np.concatenate(heads)

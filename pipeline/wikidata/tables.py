@@ -1,13 +1,16 @@
-"""The output tables: exact deduplication, the triples writer, relations with their labels.
+"""The output tables: exact deduplication, the triples writer, relations with their texts.
 
 Triples are deduplicated across all inputs and written in order of first occurrence with
-``source`` = the input's file name. English property labels come from property entities
-in the dumps, else from FewRel's ``pid2name.json``.
+``source`` = the input's file name. A property's English label and description come from
+its entity in the dumps, else (each on its own) from FewRel's ``pid2name.json``, whose
+placeholders (``"None"``, ``"No description defined"``) count as missing; aliases come only
+from the dumps. The table says where each label and description came from.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +24,12 @@ from pipeline.errors import PipelineError
 from pipeline.io import atomic_path
 from pipeline.schemas import RELATIONS_SCHEMA, TRIPLES_SCHEMA
 from pipeline.wikidata.collect import ParseResult
-from pipeline.wikidata.parse import id_number
+from pipeline.wikidata.parse import clean_text, id_number
 
 #: Rows per Parquet write when streaming the triples table out.
 WRITE_CHUNK_ROWS = 1 << 20
+#: What FewRel's pid2name.json writes where Wikidata had no English name or description.
+PID2NAME_PLACEHOLDERS = frozenset({"None", "No description defined"})
 
 
 def first_occurrences(parsed: ParseResult) -> np.ndarray:
@@ -86,11 +91,33 @@ def write_triples(parsed: ParseResult, keep: np.ndarray, path: Path) -> None:
             writer.write_table(table)
 
 
-def load_pid2name(path: Path) -> dict[int, str]:
-    """FewRel ``pid2name.json`` (``{"P17": [name, description], ...}``) -> {17: name}.
+@dataclass
+class Pid2Name:
+    """FewRel's ``pid2name.json``, cleaned: names and descriptions by property number.
+
+    Attributes:
+        names, descriptions: Cleaned text (:func:`~pipeline.wikidata.parse.clean_text`),
+            without FewRel's placeholders.
+        malformed_descriptions: Entries whose description was not a string (skipped).
+    """
+
+    names: dict[int, str] = field(default_factory=dict)
+    descriptions: dict[int, str] = field(default_factory=dict)
+    malformed_descriptions: int = 0
+
+
+def _pid2name_text(text: str) -> str | None:
+    text = clean_text(text)
+    return None if text in PID2NAME_PLACEHOLDERS else text
+
+
+def load_pid2name(path: Path) -> Pid2Name:
+    """FewRel ``pid2name.json`` (``{"P17": [name, description], ...}``) -> :class:`Pid2Name`.
+
+    A description that is not a string is skipped and counted, like a bad field of a dump.
 
     Raises:
-        PipelineError: The file is missing or not in that layout.
+        PipelineError: The file is missing or not in that layout (a name that is no string).
     """
     try:
         data = orjson.loads(path.read_bytes())
@@ -104,7 +131,7 @@ def load_pid2name(path: Path) -> dict[int, str]:
         ) from exc
     if not isinstance(data, dict):
         raise PipelineError(f"--pid2name {path} is not a JSON object of Pid -> [name, ...]")
-    names = {}
+    out = Pid2Name()
     for key, value in data.items():
         number = id_number(key, "P")
         name = value[0] if isinstance(value, list) and value else value
@@ -115,40 +142,60 @@ def load_pid2name(path: Path) -> dict[int, str]:
                 f"--pid2name {path}: entry {key!r}: {value!r} is not Pid -> [name, description]; "
                 "use FewRel's pid2name.json"
             )
-        names[number] = name
-    return names
+        if (name := _pid2name_text(name)) is not None:
+            out.names[number] = name
+        if isinstance(value, list) and len(value) > 1:
+            if not isinstance(value[1], str):
+                out.malformed_descriptions += 1
+            elif (description := _pid2name_text(value[1])) is not None:
+                out.descriptions[number] = description
+    return out
+
+
+def _pick(number: int, dump: dict[int, str], fallback: dict[int, str],
+          origin: Counter) -> tuple[str | None, str | None]:
+    """A property's text and its source: the dump's, else pid2name's; counted in ``origin``."""
+    for source, texts in (("dump", dump), ("pid2name", fallback)):
+        if number in texts:
+            origin[source] += 1
+            return texts[number], source
+    origin["missing"] += 1
+    return None, None
 
 
 def relations_table(
-    parsed: ParseResult, keep: np.ndarray, pid2name: dict[int, str]
-) -> tuple[pa.Table, dict[str, int]]:
+    parsed: ParseResult, keep: np.ndarray, pid2name: Pid2Name
+) -> tuple[pa.Table, dict[str, Any]]:
     """RELATIONS_SCHEMA table of every relation with triples, by property number.
 
     Returns:
-        The table and how many labels came from the dumps, from pid2name, or are missing.
+        The table and its report counts: ``labels`` and ``descriptions`` by source (``dump``,
+        ``pid2name``, ``missing``), ``aliases`` (relations with any, and how many in all).
     """
     counts = np.bincount(parsed.relations[keep]) if len(keep) else np.zeros(0, np.int64)
-    numbers = np.flatnonzero(counts)
-    labels, origin = [], Counter()
-    for number in numbers.tolist():
-        if number in parsed.labels:
-            labels.append(parsed.labels[number])
-            origin["dump"] += 1
-        elif number in pid2name:
-            labels.append(pid2name[number])
-            origin["pid2name"] += 1
-        else:
-            labels.append(None)
-            origin["missing"] += 1
-    table = pa.table(
-        {
-            "relation": [f"P{n}" for n in numbers.tolist()],
-            "label": pa.array(labels, pa.string()),
-            "triple_count": pa.array(counts[numbers], pa.int64()),
-        },
-        schema=RELATIONS_SCHEMA,
-    )
-    return table, {key: origin[key] for key in ("dump", "pid2name", "missing")}
+    numbers = np.flatnonzero(counts).tolist()
+    columns: dict[str, list] = {name: [] for name in RELATIONS_SCHEMA.names}
+    label_origin, description_origin = Counter(), Counter()
+    for number in numbers:
+        label, label_source = _pick(number, parsed.labels, pid2name.names, label_origin)
+        description, description_source = _pick(
+            number, parsed.descriptions, pid2name.descriptions, description_origin
+        )
+        columns["label"].append(label)
+        columns["label_source"].append(label_source)
+        columns["description"].append(description)
+        columns["description_source"].append(description_source)
+        columns["aliases"].append(parsed.aliases.get(number, []))
+    columns["relation"] = [f"P{n}" for n in numbers]
+    columns["triple_count"] = counts[numbers].tolist()
+    table = pa.table(columns, schema=RELATIONS_SCHEMA)
+    sources = ("dump", "pid2name", "missing")
+    aliases = [len(values) for values in columns["aliases"]]
+    return table, {
+        "labels": {key: label_origin[key] for key in sources},
+        "descriptions": {key: description_origin[key] for key in sources},
+        "aliases": {"relations": sum(n > 0 for n in aliases), "aliases": sum(aliases)},
+    }
 
 
 def relation_coverage(path: Path, relations: set[str]) -> dict[str, Any]:

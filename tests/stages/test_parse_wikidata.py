@@ -8,7 +8,9 @@ import gzip
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import data_mirror
@@ -52,14 +54,25 @@ def item(qid: str, *statements: dict, **extra) -> dict:
     return {"type": "item", "id": qid, "labels": {}, "claims": claims, **extra}
 
 
-def prop(pid: str, label: str | None) -> dict:
-    labels = {"en": {"language": "en", "value": label}} if label else {}
-    labels["de"] = {"language": "de", "value": "x"}
+def prop(
+    pid: str, label: str | None, description: str | None = None, aliases: tuple[str, ...] = ()
+) -> dict:
+    """A property entity as the dump writes it: English and German texts."""
+
+    def texts(value: str | None) -> dict:
+        en = {"en": {"language": "en", "value": value}} if value else {}
+        return {**en, "de": {"language": "de", "value": "x"}}
+
     return {
         "type": "property",
         "id": pid,
         "datatype": "wikibase-item",
-        "labels": labels,
+        "labels": texts(label),
+        "descriptions": texts(description),
+        "aliases": {
+            "en": [{"language": "en", "value": alias} for alias in aliases],
+            "de": [{"language": "de", "value": "y"}],
+        },
         "claims": {},
     }
 
@@ -362,11 +375,47 @@ def test_duplicates_across_inputs_keep_the_first_source(tmp_path):
 # --------------------------------------------------------------------------- labels, coverage
 
 
-def test_labels_from_property_entities_then_pid2name(tmp_path):
+RELATION_COLUMNS = [  # written out here, not read from RELATIONS_SCHEMA: readers rely on it
+    ("relation", pa.string(), False),
+    ("label", pa.string(), True),
+    ("triple_count", pa.int64(), False),
+    ("description", pa.string(), True),
+    ("aliases", pa.list_(pa.string()), False),  # equal whatever the list's item is named
+    ("label_source", pa.string(), True),
+    ("description_source", pa.string(), True),
+]
+
+
+def relation_row(relation: str, label: str | None, count: int, description: str | None = None,
+                 aliases: list[str] = (), sources: tuple = (None, None)) -> dict:
+    return {"relation": relation, "label": label, "triple_count": count,
+            "description": description, "aliases": list(aliases),
+            "label_source": sources[0], "description_source": sources[1]}
+
+
+def run_relations(tmp_path: Path, inputs: list[Path], pid2name: dict) -> tuple[list[dict], dict]:
+    """Run the stage with ``pid2name``; return the relations table's rows and the report."""
+    path = tmp_path / "pid2name.json"
+    path.write_text(json.dumps(pid2name))
+    relations_out = tmp_path / "relations.parquet"
+    _, _, report = run(
+        tmp_path, inputs, "--pid2name", str(path), "--relations-out", str(relations_out)
+    )
+    columns = [(f.name, f.type, f.nullable) for f in pq.read_schema(relations_out)]
+    assert columns == RELATION_COLUMNS  # exactly the declared schema, in this order
+    return read_parquet(relations_out, RELATIONS_SCHEMA).to_pylist(), report
+
+
+def test_relations_schema_is_as_declared():
+    assert [(f.name, f.type, f.nullable) for f in RELATIONS_SCHEMA] == RELATION_COLUMNS
+
+
+def test_texts_from_property_entities_then_pid2name(tmp_path):
     dump = write_dump(
-        tmp_path / "d.json",
+        tmp_path / "d.json.bz2",
         [
-            prop("P31", "instance of"),
+            prop("P31", "instance of", "that class of which this subject is an example",
+                 ("is a", "is an")),
             prop("P150", None),
             item(
                 "Q1",
@@ -374,33 +423,96 @@ def test_labels_from_property_entities_then_pid2name(tmp_path):
                 statement("P17", "Q30"),
                 statement("P150", "Q2"),
                 statement("P999", "Q3"),
+                statement("P998", "Q3"),
             ),
         ],
     )
     tsv = write_lines(tmp_path / "t.tsv", ["Q4\tP17\tQ30"])
-    pid2name = tmp_path / "pid2name.json"
-    pid2name.write_text(
-        json.dumps(
-            {
-                "P0": ["None", "None"],
-                "P31": ["is a", "x"],
-                "P17": ["country", "sovereign state"],
-                "P150": ["contains", "y"],
-            }
-        )
-    )
-    relations_out = tmp_path / "relations.parquet"
-    _, _, report = run(
-        tmp_path, [dump, tsv], "--pid2name", str(pid2name), "--relations-out", str(relations_out)
-    )
-    relations = read_parquet(relations_out, RELATIONS_SCHEMA).to_pylist()
+    pid2name = {
+        "P0": ["None", "None"],
+        "P31": ["is a", "x"],
+        "P17": ["country", "sovereign state"],
+        "P150": ["contains", "y"],
+        "P998": ["None", "No description defined"],  # FewRel's placeholders: missing
+    }
+    relations, report = run_relations(tmp_path, [dump, tsv], pid2name)
+    dump_, fewrel = ("dump", "dump"), ("pid2name", "pid2name")
     assert relations == [
-        {"relation": "P17", "label": "country", "triple_count": 2},
-        {"relation": "P31", "label": "instance of", "triple_count": 1},
-        {"relation": "P150", "label": "contains", "triple_count": 1},
-        {"relation": "P999", "label": None, "triple_count": 1},
+        relation_row("P17", "country", 2, "sovereign state", sources=fewrel),
+        relation_row("P31", "instance of", 1, "that class of which this subject is an example",
+                     ["is a", "is an"], dump_),
+        relation_row("P150", "contains", 1, "y", sources=fewrel),
+        relation_row("P998", None, 1),
+        relation_row("P999", None, 1),
     ]
-    assert report["labels"] == {"dump": 1, "pid2name": 2, "missing": 1}
+    assert report["labels"] == {"dump": 1, "pid2name": 2, "missing": 2}
+    assert report["descriptions"] == {"dump": 1, "pid2name": 2, "missing": 2}
+    assert report["aliases"] == {"relations": 1, "aliases": 2}
+    assert report["pid2name"] == {"names": 3, "descriptions": 3, "malformed_descriptions": 0}
+    assert report["inputs"][0]["property_entities"] == 2
+
+
+def test_property_texts_are_cleaned_and_malformed_ones_skipped_and_counted(tmp_path):
+    def edited(pid: str, **fields) -> dict:
+        entity = prop(pid, f"label {pid}", f"about {pid}", (f"alias {pid}",))
+        entity.update(fields)
+        return entity
+
+    properties = [
+        edited("P1", labels={"en": {"value": "  a\tb\x00c \u2028"}},  # cleaned like labels
+               descriptions={"en": "line\nbreak   text"},  # the bare form is read too
+               aliases={"en": [{"value": " x "}, {"value": "x"}, {"value": "\n"}, "bare"]}),
+        edited("P2", descriptions={"en": {"value": 5}}),  # falls back to pid2name
+        edited("P3", aliases={"en": "not a list"}),
+        edited("P4", aliases={"en": [{"value": "ok"}, {"value": 7}]}),
+        edited("P5", descriptions="not an object"),
+        edited("P6", labels={"en": ["x"]}),  # falls back to pid2name
+        edited("P7", descriptions=[], aliases=[]),  # how an empty map may be serialised
+    ]
+    head = item("Q1", *(statement(f"P{i}", "Q2") for i in range(1, 9)))
+    dump = write_dump(tmp_path / "d.json.bz2", [*properties, head])
+    pid2name = {"P2": ["two", "about two"], "P6": ["six", "about six"], "P8": ["eight", 5]}
+    relations, report = run_relations(tmp_path, [dump], pid2name)
+    dump_ = ("dump", "dump")
+    assert relations == [
+        relation_row("P1", "a b c", 1, "line break text", ["x", "bare"], dump_),
+        relation_row("P2", "label P2", 1, "about two", ["alias P2"], ("dump", "pid2name")),
+        relation_row("P3", "label P3", 1, "about P3", [], dump_),
+        relation_row("P4", "label P4", 1, "about P4", [], dump_),
+        relation_row("P5", "label P5", 1, None, ["alias P5"], ("dump", None)),
+        relation_row("P6", "six", 1, "about P6", ["alias P6"], ("pid2name", "dump")),
+        relation_row("P7", "label P7", 1, None, [], ("dump", None)),
+        relation_row("P8", "eight", 1, None, [], ("pid2name", None)),
+    ]
+    stats = report["inputs"][0]
+    assert stats["malformed_texts"] == {"label": 1, "description": 2, "aliases": 2}
+    assert (stats["malformed_lines"], stats["malformed_statements"]) == (0, 0)
+    assert (stats["entities"], stats["property_entities"]) == (8, 7)
+    examples = [(e["line"], e["reason"], e["text"]) for e in stats["malformed_examples"]]
+    assert examples == [
+        (3, "description", "P2: descriptions.en is a int, not a string"),
+        (4, "aliases", "P3: aliases.en is a str, not a list"),
+        (5, "aliases", "P4: an alias is a int, not a string"),
+        (6, "description", "P5: descriptions is a str, not an object"),
+        (7, "label", "P6: labels.en is a list, not a string"),
+    ]
+    assert report["descriptions"] == {"dump": 4, "pid2name": 1, "missing": 3}
+    assert report["aliases"] == {"relations": 4, "aliases": 5}
+    assert report["pid2name"] == {"names": 3, "descriptions": 2, "malformed_descriptions": 1}
+
+
+def test_property_texts_survive_any_cut_into_ranges(tmp_path):
+    """Texts travel from the ranges through the part store: the first seen of each wins."""
+    entities = [prop(f"P{i}", f"p{i}", f"d{i}", (f"a{i}",)) for i in range(1, 60)]
+    entities += [item(f"Q{i}", statement(f"P{i}", "Q1")) for i in range(1, 60)]
+    entities.append(prop("P1", "later", "later", ("later",)))  # a repeat: ignored
+    dump = write_dump(tmp_path / "d.json.bz2", entities)
+    expected = [relation_row(f"P{i}", f"p{i}", 1, f"d{i}", [f"a{i}"], ("dump", "dump"))
+                for i in range(1, 60)]
+    for extra in ([], ["--range-mb", "0.0005", "--batch-mb", "0.001"]):
+        relations, report = run_relations(tmp_path, [dump, *extra], {})
+        assert relations == expected
+    assert report["inputs"][0]["ranges"] > 2
 
 
 def test_coverage_of_fewrel_files(tmp_path, capsys):
@@ -422,10 +534,12 @@ def test_summary_and_progress_bar(tmp_path, capsys):
     tsv = write_lines(tmp_path / "t.tsv", ["Q1\tP31\tQ5", "Q2\tP17\tQ30"])
     pw.main(["--out", str(tmp_path / "t.parquet"), "--workers", "0", str(dump), str(tsv)])
     out, err = capsys.readouterr()
-    assert out.splitlines()[:3] == [
+    assert out.splitlines()[:4] == [
         "d.json.gz: 1 triples (1 new) from 1 entities; 1 malformed lines",
         "t.tsv: 2 triples (1 new) from 2 rows; 0 malformed lines",
         "total: 2 distinct triples, 2 relations (labels: 0 from dumps, 0 from pid2name, 2 missing)",
+        "descriptions: 0 from dumps, 0 from pid2name, 2 missing; 0 relations with aliases (0 in "
+        "all)",
     ]
     # tqdm's last refresh: all compressed bytes done, with the entity and row rates.
     size = dump.stat().st_size + tsv.stat().st_size
@@ -671,6 +785,11 @@ def test_data_mirror_counts_and_coverage(tmp_path):
         assert expected <= triples
     assert stats["opentapioca_sample_wikidata_items.json.bz2"]["entities"] == 100
     assert stats["opentapioca_short_stream.json.bz2"]["entities"] == 635
+    # The mirror's dumps hold items only: every label and description is pid2name's.
+    assert all(s["property_entities"] == 0 for s in stats.values())
+    assert report["labels"] == {"dump": 0, "pid2name": 426, "missing": 91}
+    assert report["descriptions"] == {"dump": 0, "pid2name": 425, "missing": 92}
+    assert report["aliases"] == {"relations": 0, "aliases": 0}
     assert report["triples"] == len(triples) == table.num_rows == 407279
 
     cov = report["coverage"]
