@@ -204,9 +204,15 @@ def upgrade(d: Any) -> Any:
     if isinstance(d.get("prior"), dict) and "text" not in d["prior"]:
         # Written before model.prior.text existed: the prior read the graph only.
         d["prior"] = {**d["prior"], "text": False}
+    if isinstance(d.get("prior"), dict) and "descriptions" not in d["prior"]:
+        # Written before model.prior.descriptions existed: the prior read names only.
+        d["prior"] = {**d["prior"], "descriptions": False}
     if isinstance(d.get("langevin"), dict) and "eval_samples" not in d["langevin"]:
         # Written before model.langevin.eval_samples existed: evaluation drew ``samples``.
         d["langevin"] = {**d["langevin"], "eval_samples": 0}
+    if isinstance(d.get("langevin"), dict) and "prior_trust" not in d["langevin"]:
+        # Written before model.langevin.prior_trust existed: every way had precision lambda.
+        d["langevin"] = {**d["langevin"], "prior_trust": "fixed"}
     method = d.get("method")
     if isinstance(method, str) and method in OLD_HEAD_SIZES and method not in d:
         # Written before model.heads existed: the head had the code's sizes.

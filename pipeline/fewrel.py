@@ -136,6 +136,40 @@ def load_json(path: Path, fix: str | None = None) -> Any:
         ) from exc
 
 
+#: What FewRel's pid2name.json writes where Wikidata has no description.
+NO_DESCRIPTION = ("no description defined", "none")
+
+
+def load_relation_texts(path: Path) -> dict[str, tuple[str, str | None]]:
+    """Map relation key -> (name, description) from a relations file a user gives.
+
+    The format is FewRel's ``pid2name.json``: ``{"key": ["name", "description"], ...}``; the
+    description may be left out (``["name"]``) or empty. Unlike :func:`load_relation_names`
+    (FewRel's own file, where a bad entry is skipped), every entry must be well formed: the
+    file is the user's statement of what their relations mean.
+
+    Raises:
+        PipelineError: not a JSON object, or an entry that is not ``[name]`` or
+            ``[name, description]`` with a non-empty name.
+    """
+    data = load_json(path, fix=f"fix {path}")
+    if not isinstance(data, dict):
+        raise PipelineError(f"{path}: expected a JSON object mapping each relation to [name, "
+                            "description]; fix the file")
+    texts: dict[str, tuple[str, str | None]] = {}
+    for key, value in data.items():
+        ok = (isinstance(value, list) and 1 <= len(value) <= 2
+              and all(isinstance(v, str) for v in value) and value[0].strip())
+        if not ok:
+            raise PipelineError(f"{path}: entry {str(key)[:80]!r} is {str(value)[:80]!r}, not "
+                                "[name, description] with a non-empty name; fix the file")
+        description = value[1].strip() if len(value) == 2 else ""
+        if description.lower() in NO_DESCRIPTION:
+            description = ""
+        texts[key] = (" ".join(value[0].split()), " ".join(description.split()) or None)
+    return texts
+
+
 def load_relation_names(path: Path | None) -> tuple[dict[str, str], int]:
     """Map relation id -> English name from FewRel's ``pid2name.json`` (optional).
 

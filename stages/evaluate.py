@@ -30,6 +30,7 @@ from model.training.config import ComparisonConfig, load_comparison
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
+from pipeline.fewrel import load_relation_texts
 from pipeline.io import atomic_paths, remove_stale_temporaries
 from pipeline.workers import run_jobs, usable_workers
 
@@ -64,17 +65,20 @@ def split_jobs(splits: Path, names: tuple[str, ...], cfg: EvalConfig,
     return jobs
 
 
-def score_job(job: Job, models: Path, device: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def score_job(job: Job, models: Path, device: str, descriptions: dict[str, str | None]
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The job's cells and NOTA cells."""
     with torch.no_grad():
         return evaluate_split(job.split_dir, models, job.cfg, device, LowerCache(),
-                              job.split_index, job.capped)
+                              job.split_index, job.capped, descriptions)
 
 
-def score_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str
+def score_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str,
+               descriptions: dict[str, str | None] | None = None
                ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cells and NOTA cells per split, in the order of the split's methods (floor last)."""
-    results = run_jobs(functools.partial(score_job, models=models, device=device), jobs,
+    results = run_jobs(functools.partial(score_job, models=models, device=device,
+                                         descriptions=dict(descriptions or {})), jobs,
                        workers=usable_workers(cfg.workers, device, len(jobs)),
                        threads=cfg.threads, log=log, cost=lambda job: len(job.cfg.methods),
                        describe=lambda job: f"{job.split_dir.name}: "
@@ -100,6 +104,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="selective-prediction curves CSV (default: <plot stem>_selective.csv)")
     parser.add_argument("--benchmark", default="nyt25",
                         help="name of the benchmark: prefix of the headline metrics, plot title")
+    parser.add_argument("--relations", type=Path, default=None,
+                        help="relation names and descriptions (FewRel's pid2name.json format): "
+                             "descriptions of test relations outside a model's graph, read by "
+                             "priors with model.prior.descriptions")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -122,7 +130,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     comparison = load_comparison(args.params, cfg.methods)
     jobs = split_jobs(args.splits, names, cfg, comparison, usable_workers(cfg.workers, device))
-    per_split, nota = score_jobs(jobs, args.models, cfg, device)
+    said = {} if args.relations is None else {
+        r: d for r, (_, d) in load_relation_texts(args.relations).items()}
+    per_split, nota = score_jobs(jobs, args.models, cfg, device, said)
     summary = report.summarise(per_split, nota)
     metrics = report.headline_metrics(summary, args.benchmark,
                                       (*cfg.methods, *comparison.methods))

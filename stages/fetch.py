@@ -54,7 +54,8 @@ def fetch_from_mirror(name: str, spec: dict[str, Any], mirror: Path, dest: Path)
     if not src.is_file():
         raise PipelineError(
             f"{name} is missing from the data mirror {mirror} ({MIRROR_ENV}); copy it there "
-            f"from {spec['url']}, or unset {MIRROR_ENV} to download it"
+            + (f"from {spec['url']}, or unset {MIRROR_ENV} to download it" if spec.get("url")
+               else "from the project's data mirror (it has no public address)")
         )
     with atomic_path(dest) as tmp, src.open("rb") as fin, tmp.open("wb") as fout:
         actual = _copy_hashing(fin, fout, src.stat().st_size, name)
@@ -100,6 +101,11 @@ def fetch_all(files: dict[str, dict[str, Any]], out: Path, retries: int = 3,
                 f"fetch.files key {name!r} must be a relative path inside the data folder"
             )
         dest = out / name
+        if mirror is None and not spec["url"]:
+            raise PipelineError(
+                f"fetch.files.{name} has no url: it exists only in the project's data mirror; "
+                f"set {MIRROR_ENV} to the mirror (../shared/data), or remove the file and what "
+                "reads it from params.yaml")
         if mirror is not None:
             hashes[name] = fetch_from_mirror(name, spec, mirror, dest)
         else:
@@ -111,7 +117,8 @@ def fetch_all(files: dict[str, dict[str, Any]], out: Path, retries: int = 3,
 class FileSpec:
     """One file to fetch: its upstream address and checksum."""
 
-    url: str = field(doc="upstream address of the file")
+    url: str | None = field(doc="upstream address of the file; null: the file exists only in "
+                                "the project's data mirror ($REGRAB_DATA_MIRROR must be set)")
     sha256: str | None = field(doc="SHA-256 of the expected content; null accepts any "
                                    "content (the checksum-mismatch message says so)")
 

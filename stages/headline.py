@@ -46,7 +46,7 @@ from pipeline.report import REFERENCE, write_json_ordered
 #: The untrained encoder: every method's lower bound, not a baseline to beat.
 FLOOR = "floor"
 #: Top-level keys of ``metrics/transfer.json`` that are not transfer sets.
-TRANSFER_EXTRAS = ("paired", "ece", "priors")
+TRANSFER_EXTRAS = ("paired", "vs_regrab", "ece", "priors", "shuffled")
 FEW_SHOT = re.compile(r"\d+w[1-9]\d*s")
 #: ``dvc exp show --drop '.*' --keep <pattern>`` views of the headline for the default
 #: benchmarks (``--keep`` matches column names from their start).
@@ -109,13 +109,16 @@ def headline(benchmark: str, metrics: dict[str, Any],
     if not ours:
         raise PipelineError(f"'{benchmark}' has no few-shot setting scored for {REFERENCE} "
                             "and a baseline")
+    stress = set((transfer or {}).get("shuffled") or [])  # stress tests, not headlines
     for name, by_benchmark in (transfer or {}).items():
-        scored = by_benchmark.get(benchmark) if name not in TRANSFER_EXTRAS else None
+        skip = name in TRANSFER_EXTRAS or name in stress
+        scored = None if skip else by_benchmark.get(benchmark)
         if not isinstance(scored, dict) or REFERENCE not in scored:
             continue
-        means = {m: _mean([v for v in row.values() if v is not None])
-                 for m, row in scored.items()
-                 if (is_baseline(m) or m == REFERENCE) and any(v is not None for v in row.values())}
+        # Few-shot settings only: zero-shot ones are scored by the methods that can do them.
+        few = {m: [v for s, v in row.items() if FEW_SHOT.fullmatch(s) and v is not None]
+               for m, row in scored.items() if is_baseline(m) or m == REFERENCE}
+        means = {m: _mean(vs) for m, vs in few.items() if vs}
         rivals = {m: v for m, v in means.items() if m != REFERENCE}
         if REFERENCE not in means:
             continue

@@ -45,7 +45,7 @@ from model.training.state import finish, finished_summary, resume
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import file_digest, read_parquet, remove_stale_temporaries, write_json
-from pipeline.schemas import GRAPH_SCHEMA, RELATIONS_SCHEMA
+from pipeline.schemas import GRAPH_SCHEMA, RELATION_TEXT_SCHEMA
 from pipeline.workers import run_jobs, usable_workers
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def load_graph(graph_path: Path, features_path: Path,
     if "relation" not in features.column_names or "embedding" not in features.column_names:
         raise PipelineError(f"{features_path} is not an embeddings table; rebuild data/features")
     relations = None if relations_path is None else read_parquet(relations_path,
-                                                                 RELATIONS_SCHEMA)
+                                                                 RELATION_TEXT_SCHEMA)
     return RelationGraph.from_tables(graph, features, relations)
 
 

@@ -9,8 +9,11 @@ random choice), so a large relation costs no more than a small one.
 
 Writes ``metrics/transfer.json`` (DVC metrics: ``<set>.<benchmark>.<method>.<setting>``
 accuracy %, ``paired.<set>.<benchmark>.<method>_minus_floor.<setting>.{diff,ci95}``,
-``ece...`` and ``priors.<set>.<benchmark>.<method>.{graph,label,fallback}``: ways whose prior
-came from the graph, the relation's name alone, or the shared fallback), the tables in
+``vs_regrab.<set>.<benchmark>.<method>_minus_regrab.<setting>.{diff,ci95}`` (paired on the
+same episodes, t interval over splits), ``shuffled`` (the stress-test sets), ``ece...`` and
+``priors.<set>.<benchmark>.<method>``: ways whose prior came from the graph, the relation's
+name alone, or the shared fallback, and ways whose prior read a name and description, a name
+only, or no text), the tables in
 ``metrics/transfer.md`` and everything behind them in ``metrics/transfer_report.json``.
 
 Usage:
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import torch
 
 from model.episodes import Setting
@@ -34,6 +39,7 @@ from model.evaluation.transfer import checkpoints, cut_relations, score_table
 from pipeline import report
 from pipeline.config import field, load_benchmarks, load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
+from pipeline.fewrel import load_relation_texts
 from pipeline.io import atomic_paths, check_writable, read_fewshot
 from pipeline.sections import register_section
 
@@ -47,6 +53,17 @@ class TransferSet:
     data: str = field(doc="a FEWSHOT_SCHEMA table made by prepare_fewshot (e.g. "
                           "data/fewshot/val_semeval.parquet)")
     title: str = field(doc="the set's name in reports")
+    relations: str | None = field(
+        default=None,
+        doc="(optional) a JSON file mapping each relation key to [name, description] (FewRel's "
+            "pid2name.json format), as a user would write them: the names replace those read "
+            "from the keys, and priors with model.prior.descriptions read the descriptions; "
+            "null: names from the keys only")
+    shuffle: bool = field(
+        default=False,
+        doc="(optional) stress test: each relation gets another relation's id, name and "
+            "description (a seeded derangement), so every prior points at the wrong relation "
+            "while the sentences stay")
 
 
 @register_section("transfer")
@@ -76,8 +93,49 @@ class TransferParams:
         if not self.settings:
             raise ValueError("transfer.settings is empty; list e.g. [5w1s, 5w5s]")
         for s in self.settings:
-            if Setting.parse(s).shots == 0:
-                raise ValueError(f"transfer.settings has {s}; transfer needs K >= 1")
+            Setting.parse(s)
+
+
+def relation_texts(name: str, spec: TransferSet, table: pa.Table, seed: int
+                   ) -> tuple[pa.Table, dict[str, str | None]]:
+    """The set's table with the names of ``spec.relations`` (when given) and, with
+    ``spec.shuffle``, every relation's id, name and description moved to another relation;
+    and the descriptions to read, by relation id."""
+    keys = sorted(set(table.column("relation").to_pylist()))
+    texts: dict[str, tuple[str, str | None]] = {}
+    if spec.relations is not None:
+        path = Path(spec.relations)
+        if not path.is_file():
+            raise PipelineError(f"transfer set {name}: relations file {path} not found; add it "
+                                "to fetch.files and run dvc repro fetch, or set relations: null")
+        texts = load_relation_texts(path)
+        missing = [k for k in keys if k not in texts]
+        if missing:
+            raise PipelineError(f"transfer set {name}: {path} names no text for {len(missing)} "
+                                f"relation(s), e.g. {missing[0][:80]!r}; add them to the file")
+    first: dict[str, str] = {}
+    for r, n in zip(table.column("relation").to_pylist(),
+                    table.column("relation_name").to_pylist(), strict=True):
+        first.setdefault(r, n)
+    names = {k: texts[k][0] if k in texts else first[k] for k in keys}
+    said = {k: texts[k][1] if k in texts else None for k in keys}
+    ids = {k: k for k in keys}
+    if spec.shuffle:
+        if len(keys) < 2:
+            raise PipelineError(f"transfer set {name}: shuffle needs 2 or more relations")
+        rng = np.random.default_rng([seed, 7])
+        while True:  # a derangement: no relation keeps its own text
+            order = rng.permutation(len(keys))
+            if all(int(order[i]) != i for i in range(len(keys))):
+                break
+        ids = {k: keys[int(order[i])] for i, k in enumerate(keys)}
+    rel = [ids[r] for r in table.column("relation").to_pylist()]
+    table = table.set_column(table.schema.get_field_index("relation"),
+                             table.schema.field("relation"), pa.array(rel, pa.string()))
+    table = table.set_column(table.schema.get_field_index("relation_name"),
+                             table.schema.field("relation_name"),
+                             pa.array([names[r] for r in rel], pa.string()))
+    return table, said
 
 
 def _ci(cell: dict[str, Any]) -> float:
@@ -85,12 +143,14 @@ def _ci(cell: dict[str, Any]) -> float:
     return cell["ci95"] if cell["ci95"] is not None else cell["episode_ci95"]
 
 
-def headline(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+def headline(results: dict[str, dict[str, dict[str, Any]]],
+             shuffled: list[str] | None = None) -> dict[str, Any]:
     """The DVC metrics: accuracy, paired differences with the floor, ECE, prior kinds."""
     acc: dict[str, Any] = {}
     paired: dict[str, Any] = {}
     ece: dict[str, Any] = {}
     priors: dict[str, Any] = {}
+    vs_regrab: dict[str, Any] = {}
     for name, by_bench in results.items():
         for bench, summary in by_bench.items():
             acc.setdefault(name, {})[bench] = {
@@ -104,7 +164,13 @@ def headline(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
                 m: {s: round(c["ece"]["mean"], 2) for s, c in row.items()}
                 for m, row in summary["calibration"].items() if m != "floor"}
             priors.setdefault(name, {})[bench] = summary["priors"]
-    return {**acc, "paired": paired, "ece": ece, "priors": priors}
+            vs_regrab.setdefault(name, {})[bench] = {
+                k: {s: {"diff": round(c["diff"], 2),
+                        "ci95": None if c["ci95"] is None else round(c["ci95"], 2)}
+                    for s, c in row.items()}
+                for k, row in summary["paired"].items() if not k.startswith("floor")}
+    return {**acc, "paired": paired, "vs_regrab": vs_regrab, "ece": ece, "priors": priors,
+            "shuffled": sorted(shuffled or [])}
 
 
 def markdown(results: dict[str, dict[str, dict[str, Any]]], params: TransferParams) -> str:
@@ -157,6 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise PipelineError(f"transfer set {name}: {path} not found; add it to "
                                 "prepare_fewshot.datasets and run dvc repro prepare_fewshot")
         table = cut_relations(read_fewshot(path), params.per_relation, params.seed)
+        table, descriptions = relation_texts(name, spec, table, params.seed)
         for bench in benchmarks:
             folder = args.models / bench
             if not folder.is_dir():
@@ -171,12 +238,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 out = score_table(f"{name} ({path})", table, folder, base, settings, device,
                                   methods=methods or None, episodes=params.episodes,
                                   listed=table.column("relation").to_pylist(),
-                                  workers=base.workers)
+                                  workers=base.workers, descriptions=descriptions)
             results.setdefault(name, {})[bench] = out["summary"]
     if not results:
         raise PipelineError(f"no benchmark has models under {args.models}; run dvc repro train")
     with atomic_paths(args.metrics, args.report, args.table) as (m_tmp, r_tmp, t_tmp):
-        report.write_json_ordered(headline(results), m_tmp)
+        report.write_json_ordered(
+            headline(results, [n for n in results if params.sets[n].shuffle]), m_tmp)
         report.write_json_ordered(results, r_tmp)
         t_tmp.write_text(markdown(results, params))
     return results

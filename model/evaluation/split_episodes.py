@@ -39,7 +39,7 @@ from model.evaluation.scoring import (
     selective_accuracy,
 )
 from model.prior.gcn import GraphPrior
-from model.prior.labels import PRIOR_KINDS, relation_name
+from model.prior.labels import PRIOR_KINDS, TEXT_KINDS, relation_name
 from pipeline import report
 from pipeline.errors import PipelineError
 from pipeline.io import read_fewshot
@@ -95,6 +95,9 @@ class SplitEpisodes:
             rng = np.random.default_rng([cfg.seed, split_index, self.key(s.name)])
             self.plain[s.name] = self.test.sample(rng, s.ways, s.shots, cfg.queries, cfg.episodes)
         self.table, self.val = test, None
+        #: Descriptions of relations outside a model's graph, read with their names by a prior
+        #: with ``descriptions: true`` (a user's relations file; empty: names only).
+        self.descriptions: dict[str, str | None] = {}
         #: Per method with a prior: how many ways of the reported settings' episodes took
         #: their prior from the graph, a name alone or the fallback (filled when scored).
         self.priors: dict[str, dict[str, int]] = {}
@@ -166,11 +169,16 @@ class SplitEpisodes:
                                                           cols["relation_name"], strict=True)}
 
     def prior_ways(self, prior: GraphPrior) -> dict[str, int]:
-        """Ways of the reported settings' test episodes per prior kind (:data:`PRIOR_KINDS`)."""
+        """Ways of the reported settings' test episodes per prior kind (:data:`PRIOR_KINDS`) and
+        per what the prior read of the relation's text (:data:`TEXT_KINDS`)."""
         kinds = np.array([PRIOR_KINDS.index(prior.prior_kind(r)) for r in self.test.relations])
         counts = sum(np.bincount(kinds[self.plain[n].relation].ravel(),
                                  minlength=len(PRIOR_KINDS)) for n in self.cfg.settings)
-        return {k: int(c) for k, c in zip(PRIOR_KINDS, counts, strict=True)}
+        out = {k: int(c) for k, c in zip(PRIOR_KINDS, counts, strict=True)}
+        read = np.array([TEXT_KINDS.index(prior.text_kind(r)) for r in self.test.relations])
+        counts = sum(np.bincount(read[self.plain[n].relation].ravel(),
+                                 minlength=len(TEXT_KINDS)) for n in self.cfg.settings)
+        return out | {k: int(c) for k, c in zip(TEXT_KINDS, counts, strict=True)}
 
     def key(self, name: str) -> int:
         """Seed key of a setting: its index in ``settings``, NOTA-only ones from 1000."""

@@ -113,12 +113,16 @@ def _no_graph(relations: list[str]) -> torch.Tensor:
 
 def evaluate_split(split_dir: Path, models_dir: Path, cfg: EvalConfig, device: str,
                    cache: LowerCache, split_index: int, capped: Mapping[str, int] | None = None,
+                   descriptions: Mapping[str, str | None] | None = None,
                    ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cells and NOTA cells of the split folder ``split_dir`` (see :func:`evaluate_episodes`).
 
     A model is scored only if it was trained on this split (:func:`check_trained_on`).
+    ``descriptions`` (relation id -> description) are read, with their names, for relations
+    outside a model's graph by priors with ``descriptions: true``.
     """
     eps = SplitEpisodes.read(split_dir, cfg, split_index)
+    eps.descriptions = dict(descriptions or {})
     digests = {part: file_digest(split_dir / f"{part}.parquet") for part in ("train", "val")}
 
     def check(checkpoint: Checkpoint, path: Path) -> None:
@@ -177,7 +181,8 @@ def evaluate_episodes(
                 tokens[key] = model.encoder.tokenize(eps.table)
             if model.prior is not None:
                 if cfg.read_names:
-                    model.prior.add_names(eps.names(), model.encoder, None, cfg.encode_batch)
+                    model.prior.add_names(eps.names(), model.encoder, None, cfg.encode_batch,
+                                          eps.descriptions)
                 model.prior.coverage(eps.test.relations, f"{eps.name} test")
                 if eps.val is not None:
                     model.prior.coverage(eps.val.relations, f"{eps.name} validation")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +120,8 @@ def vs_floor(per_split: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
 def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
                 settings: list[Setting], device: str, methods: list[str] | None = None,
                 episodes: int | None = None, keep_trained: bool = False,
-                listed: Iterable[str] = (), workers: int = 1) -> dict[str, Any]:
+                listed: Iterable[str] = (), workers: int = 1,
+                descriptions: Mapping[str, str | None] | None = None) -> dict[str, Any]:
     """Score every method trained on every split under ``models`` on ``table``.
 
     Args:
@@ -136,6 +137,8 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
         listed: every relation of the file, so empty ones are counted as skipped.
         workers: processes scoring at once (CPU only), one split each, or shares of a
             split's methods when there are fewer splits; the numbers do not depend on it.
+        descriptions: relation id -> description, read with the relation's name by priors
+            with ``descriptions: true`` (None: names only).
 
     Returns:
         ``summary`` (:func:`pipeline.report.summarise`, plus ``relations``, ``priors`` and
@@ -192,7 +195,8 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
     # One process shares one frozen-layer cache between splits (the same sentences); forked
     # workers each fill their own.
     score = functools.partial(_score_share, table=table, models=models, device=device,
-                              cache=LowerCache() if workers == 1 else None)
+                              cache=LowerCache() if workers == 1 else None,
+                              descriptions=dict(descriptions or {}))
     results = run_jobs(score, shares, workers=workers, threads=cfg.threads, log=log,
                        cost=lambda share: len(share.cfg.methods),
                        describe=lambda share: f"{share.split}: "
@@ -223,11 +227,12 @@ class _Share:
 
 
 def _score_share(share: _Share, table: pa.Table, models: Path, device: str,
-                 cache: LowerCache | None) -> tuple[dict[str, Any], dict[str, Any],
-                                                     dict[str, Any]]:
+                 cache: LowerCache | None, descriptions: dict[str, str | None]
+                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The share's cells, NOTA cells and ways per prior kind of each method."""
     # The data is no model's split, so no model is checked against one.
     eps = SplitEpisodes(share.split, table, share.cfg, share.index)
+    eps.descriptions = descriptions
     with torch.no_grad():
         cells, nota = evaluate_episodes(eps, models, share.cfg, device,
                                         cache if cache is not None else LowerCache())

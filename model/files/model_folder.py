@@ -81,9 +81,9 @@ def relation_labels(relations_path: Path | None, ids: list[str]) -> dict[str, st
     if relations_path is None or not relations_path.is_file():
         return {}
     from pipeline.io import read_parquet
-    from pipeline.schemas import RELATIONS_SCHEMA
+    from pipeline.schemas import RELATION_TEXT_SCHEMA
 
-    table = read_parquet(relations_path, RELATIONS_SCHEMA).to_pydict()
+    table = read_parquet(relations_path, RELATION_TEXT_SCHEMA).to_pydict()
     wanted = set(ids)
     return {r: lab for r, lab in zip(table["relation"], table["label"], strict=True)
             if r in wanted and lab}

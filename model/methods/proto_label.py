@@ -17,8 +17,8 @@ with ``w >= 0`` learned end to end (it starts at 1), then a softmax over ``-|x -
 as ``proto``. With ``w = 0`` it is ``proto``; with ``K = 0`` the label alone classifies.
 The graph only supplies the relation list and labels: no TransE features, no GCN, no
 sampling. Close in spirit to SimpleFSRE (Liu et al., Findings of ACL 2022), which adds the
-encoded relation name and description to the prototype; ours reads the name only (Wikidata
-labels carry no description here) and learns the mixing weight.
+encoded relation name and description to the prototype; ours reads the name, and the
+description with ``model.prior.descriptions``, and learns the mixing weight.
 
 Shapes:
     B episodes, N ways, K shots, Q queries, D encoding size (see :mod:`model`).
@@ -72,8 +72,10 @@ class LabelPrior(GraphPrior):
         row = self._index.get(relation, -1)
         if row < 0:
             return "fallback"
-        if row < len(self.relations) and not (self.labels and self.labels[row]):
-            return "fallback"  # listed without a label: h_r = b
+        if row < len(self.relations) and not bool(self.text[row].any()):
+            # Listed without a label: h_r = b. (The saved label encodings say so; the label
+            # strings are not saved, so a loaded model has none.)
+            return "fallback"
         return "label"
 
     @torch.no_grad()

@@ -58,7 +58,7 @@ import torch
 from torch import nn
 
 from model.posterior.logits import gaussian_sample_logits, prototype_logits
-from model.posterior.target import gaussian_posterior, log_posterior_grad
+from model.posterior.target import gaussian_posterior, log_posterior_grad, way_precision
 from pipeline.config import field
 
 Likelihood = Literal["gaussian", "softmax", "softmax_mean"]
@@ -91,6 +91,14 @@ class LangevinConfig:
             relations at every validation (:func:`~model.posterior.target.heldout_scales`),
             so lambda says how well the prior predicts *unseen* relations, which is what test
             relations are.
+        prior_trust: ``fixed`` (every way's prior has precision lambda) or ``evidence``: per
+            episode, empirical Bayes on its support (:func:`way_precision`). Under the model
+            a way's support mean satisfies ``E |m_r - h_r|^2 / D = 1/lambda + sigma^2/K``; an
+            episode whose supports fall farther from their prior means than that gets the
+            prior variance they imply, so priors that point at the wrong relations are
+            discounted by the evidence rather than trusted as in training. The softmax
+            likelihoods keep lambda (the estimate needs the Gaussian model).
+            Without shots there is no evidence and lambda stays.
         noise_train: add the SGLD noise during training.
         noise_eval: add it at evaluation (off: S collapses to one deterministic chain and
             the predictive is a point estimate, not a posterior average).
@@ -126,6 +134,12 @@ class LangevinConfig:
     scales: Literal["fixed", "learned", "heldout"] = field(
         doc="fixed (the two numbers above), learned (by the few-shot loss) or heldout (empirical "
             "Bayes on the validation relations at every validation)")
+    prior_trust: Literal["fixed", "evidence"] = field(
+        doc="fixed: every way's prior has precision lambda (paper); evidence: an episode whose "
+            "support means fall farther from their h_r than lambda and sigma^2 predict gets a "
+            "wider prior, 1/lambda_e = max(1/lambda, mean_r |m_r - h_r|^2 / D - sigma^2 / K), "
+            "so priors that point at the wrong relations are discounted (with the gaussian "
+            "likelihood; the softmax ones keep lambda)")
     noise_train: bool = field(doc="add the Langevin noise during training")
     noise_eval: bool = field(doc="add it at evaluation too, so the predictive averages S samples "
                                  "(off: one deterministic chain, a point estimate)")
@@ -234,6 +248,17 @@ class LangevinSampler(nn.Module):
         self.log_precision.fill_(math.log(precision))
         self.log_variance.fill_(math.log(variance))
 
+    def support_precision(self, support: torch.Tensor, h: torch.Tensor
+                          ) -> torch.Tensor | float:
+        """lambda, or with ``prior_trust: evidence`` each episode's (:func:`way_precision`).
+
+        Shapes:
+            support: (B, N, K, D) with K >= 1, h: (B, N, D) -> scalar or (B, 1, 1)
+        """
+        if self.config.prior_trust == "evidence" and self.config.likelihood == "gaussian":
+            return way_precision(support, h, self.precision, self.variance)
+        return self.precision
+
     def chain_law(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and spread of the chain's end state on the ``gaussian`` target.
@@ -247,7 +272,8 @@ class LangevinSampler(nn.Module):
             v0, h: (B, N, D), support: (B, N, K, D) -> mean (B, N, D), std (B, N, 1)
         """
         cfg = self.config
-        mu, s2 = gaussian_posterior(support, h, self.precision, self.variance)
+        mu, s2 = gaussian_posterior(support, h, self.support_precision(support, h),
+                                    self.variance)
         c, spread, eps = 1.0, 0.0, cfg.step_size
         for _ in range(cfg.steps):
             a = 1.0 - 0.5 * eps

@@ -10,7 +10,8 @@ described in :mod:`model.posterior.langevin`). :func:`log_posterior_grad` is the
 SGLD step follows. With the ``gaussian`` likelihood the posterior is Gaussian in closed form
 (:func:`gaussian_posterior`), and two functions give empirical Bayes: the marginal likelihood
 of a way's sentences (:func:`log_evidence`, a training term) and a method-of-moments estimate
-of lambda and sigma^2 from relations the model was not trained on (:func:`heldout_scales`).
+of lambda and sigma^2 from relations the model was not trained on (:func:`heldout_scales`);
+:func:`way_precision` estimates an episode's prior precision from its own support.
 
 Nothing here keeps state or draws random numbers; the sampler that uses these,
 :class:`~model.posterior.langevin.LangevinSampler`, does.
@@ -128,3 +129,24 @@ def log_posterior_grad(
         grad = grad - resid.sum(2)[..., None] * v
     grad = grad / (k * temperature if likelihood == "softmax_mean" else temperature)
     return prior + grad
+
+
+def way_precision(support: torch.Tensor, h: torch.Tensor, precision: torch.Tensor | float,
+                  variance: torch.Tensor | float) -> torch.Tensor:
+    """The prior precision of an episode's ways from their support (``prior_trust: evidence``).
+
+    Under the model a way's support mean satisfies ``E |m_r - h_r|^2 / D = 1/lambda +
+    sigma^2/K``. Averaged over the episode's N ways (over N D numbers, so one episode gives a
+    usable estimate), ``1/lambda_e = max(1/lambda, mean_r |m_r - h_r|^2 / D - sigma^2/K)`` is
+    the method-of-moments prior variance of this episode, never below what ``lambda`` says:
+    priors that point away from their support lose their pull, priors as good as in training
+    keep it. Every way of the episode gets the same ``lambda_e``: with Euclidean logits a way
+    whose posterior were wider than the others' would lose every query by ``D s^2 / 2T`` on
+    average, whatever its prior said.
+
+    Shapes:
+        support: (B, N, K, D) with K >= 1, h: (B, N, D) -> (B, 1, 1)
+    """
+    k, d = support.shape[2], support.shape[3]
+    gap = (support.mean(2) - h).pow(2).sum(-1).mean(1).view(-1, 1, 1) / d - variance / k
+    return 1.0 / torch.clamp(gap, min=1.0 / precision)

@@ -45,7 +45,7 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from model.encoder.frozen_cache import LowerCache, encode_all
 from model.encoder.sentence import SentenceEncoder
 from model.prior.graph import RelationGraph
-from model.prior.labels import LabelText, label_sentence
+from model.prior.labels import LabelText, description_words, label_sentence
 from pipeline.config import field
 from pipeline.errors import PipelineError
 from pipeline.schemas import FEWSHOT_SCHEMA
@@ -67,6 +67,8 @@ class GraphPriorConfig:
             does not drown the support likelihood.
         text: add the encoding of each relation's label to h_r (see the module docstring);
             needs the labels (``stages.train --relations``).
+        descriptions: with ``text``, the label sentence reads the relation's description too
+            (:func:`~model.prior.labels.label_sentence`), where one is known.
     """
 
     kind: Literal["gcn", "mlp"] = field(doc="gcn (paper Eq. 6) or mlp: the same network on a "
@@ -81,6 +83,9 @@ class GraphPriorConfig:
                              "the untrained prior does not drown the support likelihood")
     text: bool = field(doc="add the encoding of each relation's Wikidata label to h_r (needs the "
                            "labels: stages.train --relations)")
+    descriptions: bool = field(doc="with text: the label sentence also reads the relation's "
+                                   "description where one is known (Wikidata's, or one a user "
+                                   "gives); false: names only")
 
 
 class GraphPrior(nn.Module):
@@ -111,13 +116,22 @@ class GraphPrior(nn.Module):
         self.fallback = nn.Parameter(torch.zeros(out_dim))
         # Label encodings (text: true): e_r - mean, 0 for unlabelled rows; saved with the model.
         self.labels = graph.labels
+        self.descriptions = graph.descriptions if config.descriptions else None
         if config.text:
             self.text_gain = nn.Parameter(torch.tensor(1.0))
             self.register_buffer("text", torch.zeros(len(self.relations), out_dim))
             self.register_buffer("text_mean", torch.zeros(out_dim))
+        if config.text and config.descriptions:
+            # Which graph rows' label sentences read a description (saved, so a loaded model
+            # can say what its prior read).
+            said = [bool(d) and bool(lab) for d, lab in zip(
+                self.descriptions or [None] * len(self.relations),
+                self.labels or [None] * len(self.relations), strict=True)]
+            self.register_buffer("described", torch.tensor(said, dtype=torch.bool))
         # Relations outside the graph named at prediction time (:meth:`add_names`): rows
         # R, R+1, ... whose prior is the fallback plus their name's label term. Not saved.
         self.named: list[str] = []
+        self.named_described: set[str] = set()
         self.register_buffer("named_text", torch.zeros(0, out_dim), persistent=False)
 
     def _propagate(self, x: torch.Tensor) -> torch.Tensor:
@@ -160,13 +174,15 @@ class GraphPrior(nn.Module):
 
     @torch.no_grad()
     def add_names(self, names: dict[str, str | None], encoder: SentenceEncoder,
-                  cache: LowerCache | None = None, batch_size: int = 64) -> None:
+                  cache: LowerCache | None = None, batch_size: int = 64,
+                  descriptions: dict[str, str | None] | None = None) -> None:
         """Give relations outside the graph a prior read from their names.
 
         Each named relation absent from the graph gets the shared fallback vector plus the
         label term of its name, ``g (e_name - mean)``, exactly as a graph relation's label
         adds to its graph term; relations with no name (None) keep the fallback alone. Needs
-        ``text: true`` (a graph-only prior reads no names); replaces earlier names.
+        ``text: true`` (a graph-only prior reads no names); replaces earlier names. With
+        ``descriptions: true`` a relation's entry in ``descriptions`` is read after its name.
 
         Shapes:
             named_text: (M, D) for the M relations named here
@@ -181,10 +197,12 @@ class GraphPrior(nn.Module):
         new = [(r, n) for r, n in names.items() if n and r not in self._index]
         if not new:
             return
-        table = pa.Table.from_pylist([label_sentence(r, n) for r, n in new],
+        said = (descriptions or {}) if self.config.descriptions else {}
+        table = pa.Table.from_pylist([label_sentence(r, n, said.get(r)) for r, n in new],
                                      schema=FEWSHOT_SCHEMA)
         enc = encode_all(encoder, encoder.tokenize(table), cache, batch_size)  # (M, D)
         self.named = [r for r, _ in new]
+        self.named_described = {r for r, _ in new if description_words(said.get(r))}
         self.named_text = (enc - self.text_mean).to(self.text.device)
         for j, r in enumerate(self.named):
             self._index[r] = len(self.relations) + j
@@ -197,6 +215,18 @@ class GraphPrior(nn.Module):
             return "fallback"
         return "graph" if row < len(self.relations) else "label"
 
+    def text_kind(self, relation: str) -> str:
+        """What ``relation``'s prior read: one of :data:`~model.prior.labels.TEXT_KINDS`."""
+        row = self._index.get(relation, -1)
+        if row < 0 or not self.config.text:
+            return "no text"
+        if row >= len(self.relations):
+            return "name+description" if relation in self.named_described else "name"
+        if not bool(self.text[row].any()):
+            return "no text"  # an unlabelled graph relation
+        described = getattr(self, "described", None)
+        return "name+description" if described is not None and bool(described[row]) else "name"
+
     def label_rows(self) -> tuple[list[int], pa.Table]:
         """The graph rows that have a label and their template sentences (FEWSHOT_SCHEMA)."""
         if self.labels is None:
@@ -206,8 +236,9 @@ class GraphPrior(nn.Module):
                 "model.prior.text: false"
             )
         rows = [i for i, lab in enumerate(self.labels) if lab]
+        said = self.descriptions or [None] * len(self.relations)
         table = pa.Table.from_pylist(
-            [label_sentence(self.relations[i], self.labels[i]) for i in rows],
+            [label_sentence(self.relations[i], self.labels[i], said[i]) for i in rows],
             schema=FEWSHOT_SCHEMA)
         return rows, table
 

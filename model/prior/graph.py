@@ -3,7 +3,8 @@
 :class:`RelationGraph` is what :class:`~model.prior.gcn.GraphPrior` is built from: one node
 per relation with its embedding (TransE or the authors' own, ``embeddings_schema``), the
 edges of the graph stage (``GRAPH_SCHEMA``; edges to relations without features are dropped)
-and, when a relations table is given (``RELATIONS_SCHEMA``), each relation's Wikidata label.
+and, when a relations table is given (``RELATIONS_SCHEMA``), each relation's Wikidata label
+and description.
 
 Shapes:
     R relations in the graph, F feature size, E edges.
@@ -32,13 +33,15 @@ class RelationGraph:
     edge_index: torch.Tensor  # (2, E)
     edge_weight: torch.Tensor  # (E,)
     labels: list[str | None] | None = None  # per relation; None: no labels were given
+    descriptions: list[str | None] | None = None  # per relation, where the table has them
 
     @classmethod
     def from_tables(cls, graph: pa.Table, features: pa.Table,
                     relations: pa.Table | None = None) -> RelationGraph:
         """Build from GRAPH_SCHEMA and embeddings_schema tables; edges to unknown nodes dropped.
 
-        ``relations`` (RELATIONS_SCHEMA) gives each node its label; nodes it lacks get none.
+        ``relations`` (``RELATION_TEXT_SCHEMA`` columns) gives each node its label and
+        description; nodes it lacks get none.
         """
         rel = features.column("relation").to_pylist()
         if len(rel) == 0:
@@ -62,7 +65,7 @@ class RelationGraph:
         edge_index = torch.tensor(
             [[index[src[i]] for i in keep], [index[dst[i]] for i in keep]], dtype=torch.long
         ).reshape(2, -1)
-        labels = None
+        labels = descriptions = None
         if relations is not None:
             named = dict(zip(relations.column("relation").to_pylist(),
                              relations.column("label").to_pylist(), strict=True))
@@ -70,4 +73,9 @@ class RelationGraph:
             if not any(labels):
                 raise PipelineError("the relations table labels none of the graph's relations; "
                                     "rebuild data/wikidata/relations.parquet")
-        return cls(rel, feats, edge_index, torch.from_numpy(weight[keep].copy()), labels)
+            if "description" in relations.column_names:
+                said = dict(zip(relations.column("relation").to_pylist(),
+                                relations.column("description").to_pylist(), strict=True))
+                descriptions = [(said.get(r) or "").strip() or None for r in rel]
+        return cls(rel, feats, edge_index, torch.from_numpy(weight[keep].copy()), labels,
+                   descriptions)

@@ -26,9 +26,15 @@ from model.encoder.tokens import TokenizedSet
 
 #: Words around a relation label in its template sentence; the markers go round the two ends.
 LABEL_TEMPLATE = ("subject", "object")
+#: The most words of a relation's description that its label sentence reads.
+DESCRIPTION_WORDS = 20
+#: Where a description's first sentence or clause ends.
+_CLAUSE_END = re.compile(r"(?<=[a-z)])\.\s|;")
 #: Where a way's prior mean came from (counted in reports): the graph (with the relation's
 #: label when the prior reads labels), the relation's name alone, or the shared fallback.
 PRIOR_KINDS = ("graph", "label", "fallback")
+#: What a way's prior read of the relation's text (counted in reports beside the prior kind).
+TEXT_KINDS = ("name+description", "name", "no text")
 #: A Wikidata property or item id, or a bare number: an identifier, not a name to read.
 _PID = re.compile(r"^([PQ]?\d+)$")
 #: SemEval-style argument order, ``Cause-Effect(e1,e2)``.
@@ -48,16 +54,31 @@ def relation_name(key: str) -> str | None:
     return " ".join(words).lower() or None
 
 
-def label_sentence(relation: str, label: str) -> dict:
-    """A relation label as a FEWSHOT_SCHEMA row: ``subject <label words> object``.
+def description_words(description: str | None) -> list[str]:
+    """The words of a description the label sentence reads: its first sentence or clause
+    (Wikidata descriptions go on with usage notes: "... Should not be used when ..."), at most
+    :data:`DESCRIPTION_WORDS` words; none for a missing or empty description."""
+    if not description:
+        return []
+    first = _CLAUSE_END.split(description.strip(), maxsplit=1)[0]
+    return first.split()[:DESCRIPTION_WORDS]
+
+
+def label_sentence(relation: str, label: str, description: str | None = None) -> dict:
+    """A relation label as a FEWSHOT_SCHEMA row: ``subject <label words> object``, followed by
+    ``: <description words>`` when a description is given.
 
     The encoder inserts its entity markers around ``subject`` (head) and ``object`` (tail)
-    as in any sentence, so marker pooling reads the label between them.
+    as in any sentence, so marker pooling reads the label between them, and the description
+    after them (``subject performer object : actor, musician, band or other performer ...``).
     """
+    extra = description_words(description)
     words = [LABEL_TEMPLATE[0], *label.split(), LABEL_TEMPLATE[1]]
+    words += [":", *extra] if extra else []
+    tail = len(label.split()) + 1
     return {"instance_id": f"label-{relation}", "relation": relation, "relation_name": label,
-            "tokens": words, "head_start": 0, "head_end": 1, "tail_start": len(words) - 1,
-            "tail_end": len(words), "head_id": None, "tail_id": None}
+            "tokens": words, "head_start": 0, "head_end": 1, "tail_start": tail,
+            "tail_end": tail + 1, "head_id": None, "tail_id": None}
 
 
 class TextBuffer(Protocol):

@@ -11,10 +11,10 @@ from pipeline.errors import PipelineError
 from pipeline.schemas import FEWSHOT_SCHEMA, GRAPH_SCHEMA, RELATIONS_SCHEMA
 
 
-def _config(layers=1, hidden=5, kind="gcn", text=False):
+def _config(layers=1, hidden=5, kind="gcn", text=False, descriptions=False):
     """A full GraphPriorConfig (the dataclass has no defaults)."""
     return GraphPriorConfig(kind=kind, layers=layers, hidden=hidden, normalize_features=True,
-                            scale=1.0, text=text)
+                            scale=1.0, text=text, descriptions=descriptions)
 
 
 def _graph(dim=6):
@@ -96,7 +96,9 @@ def _labelled_graph(labels):
     features = pa.table({"relation": g.relations, "embedding": pa.FixedSizeListArray.from_arrays(
         pa.array(g.features.numpy().reshape(-1)), g.features.shape[1])})
     relations = pa.table({"relation": list(labels), "label": list(labels.values()),
-                          "triple_count": [1] * len(labels)}, schema=RELATIONS_SCHEMA)
+                          "triple_count": [1] * len(labels)},
+                         schema=pa.schema([RELATIONS_SCHEMA.field(c) for c in
+                                           ("relation", "label", "triple_count")]))
     return RelationGraph.from_tables(edges, features, relations)
 
 

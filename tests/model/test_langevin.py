@@ -17,7 +17,9 @@ from tests.conftest import model_config
 
 
 def _cfg(**kw) -> LangevinConfig:
-    return dataclasses.replace(model_config().langevin, **kw)
+    """The default sampler with the paper's fixed prior trust (the formulas tested here),
+    changed by ``kw``."""
+    return dataclasses.replace(model_config().langevin, **{"prior_trust": "fixed", **kw})
 
 
 def _log_posterior(v, support, h, temperature, similarity, likelihood, lam, var):

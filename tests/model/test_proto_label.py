@@ -14,7 +14,7 @@ from tests.model.tiny_regrab import random_episode, registered, train_evaluate_r
 
 def _prior(text=True, dim=6):
     cfg = GraphPriorConfig(kind="gcn", layers=1, hidden=5, normalize_features=True, scale=1.0,
-                           text=text)
+                           text=text, descriptions=False)
     return LabelPrior(cfg, _labelled_graph({"P1": "w1", "P2": "w2 w3"}), out_dim=dim)
 
 
@@ -48,6 +48,8 @@ def test_the_label_mean_reads_no_graph():
     assert torch.allclose(h[0], prior.base + 0.5 * prior.text[0])
     assert torch.allclose(h[2], prior.base)  # in the list, no label
     assert torch.equal(h[3], prior.fallback)  # unknown relation
+    assert [prior.prior_kind(r) for r in ("P1", "P3", "P99")] == ["label", "fallback", "fallback"]
+    prior.labels = None  # as loaded from a checkpoint: the label strings are not saved
     assert [prior.prior_kind(r) for r in ("P1", "P3", "P99")] == ["label", "fallback", "fallback"]
     assert len(prior.convs) == 0 and torch.allclose(prior.node_states()[rows[:3]], h[:3])
     with pytest.raises(PipelineError, match="prior.text: true"):

@@ -82,9 +82,17 @@ def toy_graph(folder: Path, relations: list[str] | None = None, dim: int = 8) ->
     write_parquet(pa.table({"src": src, "dst": dst,
                             "weight": pa.array([1.0] * len(src), pa.float32())}),
                   gpath, GRAPH_SCHEMA)
+    n = len(relations)
     write_parquet(pa.table({"relation": relations,
-                            "label": [f"verb{i % 10} the w{i}" for i in range(len(relations))],
-                            "triple_count": [1] * len(relations)}),
+                            "label": [f"verb{i % 10} the w{i}" for i in range(n)],
+                            "triple_count": [1] * n,
+                            "description": [f"the w{i} of the subject" if i % 2 else None
+                                            for i in range(n)],
+                            "aliases": [[] for _ in range(n)],
+                            "label_source": ["pid2name"] * n,
+                            "description_source": [("pid2name" if i % 2 else None)
+                                                   for i in range(n)]},
+                           schema=RELATIONS_SCHEMA),
                   labels_of(gpath), RELATIONS_SCHEMA)
     return gpath, fpath
 

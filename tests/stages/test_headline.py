@@ -50,6 +50,19 @@ def test_transfer_columns_are_means_over_the_set_settings():
     assert list(numbers["b"]) == ["5w1s", "semeval", "best"]  # the column order of exp show
 
 
+def test_stress_test_sets_and_zero_shot_settings_stay_out_of_the_headline():
+    metrics = accuracy(regrab={"5w1s": 70.0}, mtb={"5w1s": 60.0})
+    transfer = {
+        "semeval": {"b": {"regrab": {"5w1s": 40.0, "5w0s": 10.0}, "mtb": {"5w1s": 30.0}}},
+        "semeval_shuffled": {"b": {"regrab": {"5w1s": 20.0}, "mtb": {"5w1s": 30.0}}},
+        "paired": {}, "vs_regrab": {}, "ece": {}, "priors": {},
+        "shuffled": ["semeval_shuffled"],
+    }
+    numbers, _ = hl.headline("b", metrics, transfer)
+    assert numbers["b"]["semeval"] == 40.0  # the zero-shot 10.0 is no part of the mean
+    assert "semeval_shuffled" not in numbers["b"] and "shuffled" not in numbers["b"]
+
+
 @pytest.mark.parametrize("metrics", [{}, {"b": {"proto": {"5w1s": 1.0}}},
                                      {"b": {"regrab": {"5w1s": 1.0}, "floor": {"5w1s": 1.0}}}])
 def test_no_regrab_or_no_baseline_is_an_error(metrics):

@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from model.evaluation.transfer import cut_relations
+from model.prior.labels import PRIOR_KINDS
 from pipeline.errors import PipelineError
 from pipeline.io import write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
@@ -71,7 +72,10 @@ def test_scores_every_method_and_the_floor_with_prior_kinds(project):
     # setting every episode has N ways, 8 episodes per split, 2 splits.
     kinds = metrics["priors"]["other"]["toy"]["regrab"]
     assert kinds["graph"] == 0 and kinds["label"] > 0 and kinds["fallback"] > 0
-    assert sum(kinds.values()) == 2 * 8 * (2 + 3)
+    assert sum(kinds[k] for k in PRIOR_KINDS) == 2 * 8 * (2 + 3)
+    # What each way's prior read: names only (the checkpoints read no descriptions).
+    assert kinds["name+description"] == 0 and kinds["name"] == kinds["label"]
+    assert kinds["no text"] == kinds["fallback"]
     assert "proto" not in metrics["priors"]["other"]["toy"]
     table = (root / "m" / "transfer.md").read_text()
     assert "## other, toy checkpoints" in table and "regrab_minus_floor" in table
@@ -127,3 +131,74 @@ def test_cut_keeps_at_most_n_per_relation_in_file_order():
     order = table.column("instance_id").to_pylist()
     assert ids == sorted(ids, key=order.index)
     assert cut_relations(table, 4, seed=0).equals(cut) and cut_relations(table, 0, 0) is table
+
+
+def _texts(tmp_path, entries):
+    path = tmp_path / "relations.json"
+    path.write_text(json.dumps(entries))
+    return str(path)
+
+
+def _keyed_table():
+    rows = toy_table(RELATIONS, 4, seed=2).to_pylist()
+    for row in rows:
+        row["relation_name"] = f"key name {row['relation']}"
+    return pa.Table.from_pylist(rows, schema=FEWSHOT_SCHEMA)
+
+
+def test_a_relations_file_gives_names_and_descriptions(tmp_path):
+    spec = transfer.TransferSet(data="x", title="x", relations=_texts(tmp_path, {
+        "P6": ["cause of", "the head leads to the tail"], "P7": ["agent using"],
+        "P8": ["part of", ""]}))
+    table, said = transfer.relation_texts("x", spec, _keyed_table(), seed=0)
+    names = dict(zip(table.column("relation").to_pylist(),
+                     table.column("relation_name").to_pylist(), strict=True))
+    assert names == {"P6": "cause of", "P7": "agent using", "P8": "part of"}
+    assert said == {"P6": "the head leads to the tail", "P7": None, "P8": None}
+
+
+def test_without_a_file_the_table_is_unchanged(tmp_path):
+    table = _keyed_table()
+    out, said = transfer.relation_texts("x", transfer.TransferSet(data="x", title="x"), table, 0)
+    assert out.equals(table) and said == dict.fromkeys(RELATIONS)
+
+
+def test_shuffle_moves_id_name_and_description_together_to_another_relation(tmp_path):
+    spec = transfer.TransferSet(data="x", title="x", shuffle=True, relations=_texts(tmp_path, {
+        r: [f"name {r}", f"description {r}"] for r in RELATIONS}))
+    table = _keyed_table()
+    out, said = transfer.relation_texts("x", spec, table, seed=0)
+    before = table.column("relation").to_pylist()
+    after = out.column("relation").to_pylist()
+    moved = dict(zip(before, after, strict=True))  # each relation's sentences -> their new id
+    assert len(set(moved.values())) == len(RELATIONS)
+    assert all(old != new for old, new in moved.items())  # a derangement
+    for new, name in zip(after, out.column("relation_name").to_pylist(), strict=True):
+        assert name == f"name {new}" and said[new] == f"description {new}"
+    again, _ = transfer.relation_texts("x", spec, table, seed=0)
+    assert again.equals(out)  # seeded
+
+
+@pytest.mark.parametrize("entries, message", [
+    ({"P6": ["a"], "P7": ["b"]}, "no text for 1 relation"),
+    ({"P6": ["a"], "P7": ["b"], "P8": [""]}, "not \\[name, description\\]"),
+    ({"P6": ["a"], "P7": ["b"], "P8": "c"}, "not \\[name, description\\]"),
+    ([["a"]], "expected a JSON object"),
+])
+def test_a_bad_relations_file_is_one_error(tmp_path, entries, message):
+    spec = transfer.TransferSet(data="x", title="x", relations=_texts(tmp_path, entries))
+    with pytest.raises(PipelineError, match=message):
+        transfer.relation_texts("x", spec, _keyed_table(), seed=0)
+
+
+def test_zero_shot_settings_are_scored_by_the_methods_that_can(project, tmp_path):
+    root, p = project
+    params = yaml.safe_load(p.read_text())
+    params["transfer"]["settings"] = ["2w1s", "2w0s"]
+    q = tmp_path / "params.yaml"
+    q.write_text(yaml.safe_dump(params))
+    _run(root, q)
+    metrics = json.loads((root / "m" / "transfer.json").read_text())
+    assert "2w0s" in metrics["other"]["toy"]["regrab"]
+    assert "2w0s" not in metrics["other"]["toy"]["proto"]
+    assert metrics["vs_regrab"]["other"]["toy"]["proto_minus_regrab"]["2w1s"]["diff"] is not None
