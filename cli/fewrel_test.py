@@ -1,42 +1,40 @@
 """``regrab-fewrel-test``: answer files for FewRel's hidden test set, and a local check.
 
 FewRel 1.0's test relations are not released; models are scored on CodaLab from an answer
-file. The input (``test_wiki_input-{N}-{K}.json``) is a JSON list of episodes, each
-``{"meta_train": [[record] * K] * N, "meta_test": record}``: N ways of K FewRel records
-(``tokens``, ``h``, ``t``; no relation ids) and one query. The answer file is a JSON list of
-integers, one per episode, the index of the way in ``meta_train`` the query belongs to.
-Followed: the format as this project's issue 21 and the CodaLab task page describe it; the
-thunlp/FewRel repository (README at 278a231, ``fewshot_re_kit``) does not spell it out (its
-README only says the test set is hidden and scored on the evaluation website), so no sample
-file was checked against.
+file. The input (``test_wiki_input-{N}-{K}.json``) is a JSON list of episodes
+``{"meta_train": [[record] * K] * N, "meta_test": record}`` (N ways of K FewRel records and
+one query), optionally with ``"relation"``, one Wikidata property id per way in ``meta_train``
+order, as lyyang01/SimpleFSRE's ``FewRelTestDataset`` reads it (``fewshot_re_kit/``
+``data_loader.py`` at 9de3321). The answer file is a JSON list of integers, one per episode,
+the index of the query's way in ``meta_train``: the format of the CodaLab task page (no sample
+file was checked against; thunlp/FewRel at 278a231 does not spell it out).
 
 Subcommands:
 
 * ``predict`` (the default when the first argument is an option): every distinct sentence
   of the file is encoded once, sorted by length (the encoder sees one sentence at a time, so
   this is what encoding each episode would give); then each episode runs through the head
-  as :meth:`model.predict.predictor.Predictor.predict` runs it: ways without graph relations (the
-  prior is the shared fallback vector, no name is read), the posterior samples seeded afresh
-  with ``--seed`` per episode, so an episode's answer does not depend on the others. The
-  answer is the argmax of the predictive probabilities.
-* ``make``: draws episodes from a FewRel-format file (``val_wiki.json``) into the test
-  input format plus a gold answer file, the gold way placed at random.
-* ``score``: accuracy of an answer file against a gold one, with its normal 95% interval
-  over episodes.
+  as :meth:`model.predict.predictor.Predictor.predict` runs it, the posterior samples seeded
+  afresh with ``--seed`` per episode, so an episode's answer does not depend on the others.
+  A way with a relation id gets the prior ``Predictor.set_support`` gives it (graph row, else
+  name and description from ``--pid2name``, else the fallback), one without the fallback;
+  the answer is the argmax of the predictive probabilities.
+* ``make``: episodes of a FewRel-format file (``val_wiki.json``) as test input, with relation
+  lists unless ``--no-relations``, and gold answers (the gold way at random).
+* ``score``: accuracy of an answer file against gold, with its normal 95% interval.
 
-Bad input (an episode whose ways differ in K, a query without entities, answer files of
-different lengths, an output that is also an input or the other output, ...) stops with one
-``error:`` line; outputs are written atomically.
+Bad input (ways that differ in K, a query without entities, a ``relation`` list of the wrong
+length, with non-strings or a repeated id, answer files of different lengths, an output that
+is also an input, ...) stops with one ``error:`` line; outputs are written atomically.
 
 Usage:
     regrab-fewrel-test make --data ../shared/data/fewrel/val_wiki.json --ways 5 --shots 1 \
-        --episodes 1000 --seed 0 --out test.json --answers gold.json
+        --episodes 1000 --seed 0 --out test.json --answers gold.json [--no-relations]
     regrab-fewrel-test [predict] --checkpoint models/fewrel/split_0/regrab/model.safetensors \
-        --input test.json --out pred.json [--seed 0] [--device auto] [--batch-size 64]
+        --input test.json --out pred.json [--pid2name pid2name.json] [--seed 0] [--device auto]
     regrab-fewrel-test score --pred pred.json --answers gold.json
 
-Shapes:
-    E episodes, S posterior samples, N ways, K shots, D encoding size, U distinct sentences.
+Shapes: E episodes, S posterior samples, N ways, K shots, D encoding size, U sentences.
 """
 
 from __future__ import annotations
@@ -56,9 +54,11 @@ from tqdm import tqdm
 from cli.files import check_readable
 from cli.guard import refuse_same, run_command
 from cli.limits import check_episodes, check_seed, check_threads
+from cli.text import lone_surrogate
 from model.episodes import mean_ci95
 from model.predict.predictor import NonFinite, Predictor, predictive_summary
 from model.predict.sentences import Sentence, parse_sentence
+from model.prior.labels import PRIOR_KINDS, relation_name
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError
 from pipeline.fewrel import load_json
@@ -71,10 +71,11 @@ CHUNK = 1024
 
 @dataclass(frozen=True)
 class TestEpisode:
-    """One test episode: ``support[n][k]`` is shot k of way n; ``query`` its one query."""
+    """An episode: ``support[n][k]`` is shot k of way n; ``relations[n]`` its id (or None)."""
 
     support: tuple[tuple[Sentence, ...], ...]
     query: Sentence
+    relations: tuple[str, ...] | None = None
 
     @property
     def ways(self) -> int:
@@ -92,6 +93,25 @@ def _sentence(record: Any, where: str) -> Sentence:
         return parse_sentence(record)
     except PipelineError as exc:
         raise PipelineError(f"{where}: {exc}") from None
+
+
+def _relations(ep: Mapping[str, Any], ways: int, where: str) -> tuple[str, ...] | None:
+    """The episode's ``relation`` list, checked: one distinct id string per way."""
+    if "relation" not in ep:
+        return None
+    ids, why = ep["relation"], None
+    if not isinstance(ids, list):
+        why = f"is {ids!r:.40}, not a list"
+    elif len(ids) != ways:
+        why = f"lists {len(ids)} ids for {ways} ways"
+    elif bad := [r for r in ids if not isinstance(r, str) or not r.strip() or lone_surrogate(r)]:
+        why = f"holds {bad[0]!r}, not a relation id"
+    elif twice := [r for n, r in enumerate(ids) if r in ids[:n]]:
+        why = f"gives {twice[0]!r} to more than one way"
+    if why:
+        raise PipelineError(f"{where}: 'relation' {why}; give one distinct relation id string "
+                            "per way, in meta_train order (e.g. \"P17\"), or leave it out")
+    return tuple(ids)
 
 
 def parse_episodes(data: Any, source: str = "input") -> list[TestEpisode]:
@@ -116,16 +136,35 @@ def parse_episodes(data: Any, source: str = "input") -> list[TestEpisode]:
                                 "records); every way of an episode needs the same K")
         support = tuple(tuple(_sentence(r, f"{where} way {n} shot {k}")
                               for k, r in enumerate(w)) for n, w in enumerate(ways))
-        episodes.append(TestEpisode(support, _sentence(ep["meta_test"], f"{where} meta_test")))
+        episodes.append(TestEpisode(support, _sentence(ep["meta_test"], f"{where} meta_test"),
+                                    _relations(ep, len(ways), where)))
     return episodes
 
 
+def read_pid2name(path: Path) -> dict[str, tuple[str, str | None]]:
+    """Names and descriptions from FewRel's ``pid2name.json``: ``{"P17": [name, description]}``."""
+    fix = "give --pid2name FewRel's pid2name.json: {\"P17\": [name, description], ...}"
+    check_readable(path, "--pid2name")
+    data = load_json(path, fix=fix)
+    if not isinstance(data, Mapping):
+        raise PipelineError(f"--pid2name {path} is not a JSON object; {fix}")
+    for pid, value in data.items():
+        name = value[0] if isinstance(value, list) and value else None
+        if not isinstance(name, str) or not name.strip() or lone_surrogate([pid, name]):
+            raise PipelineError(f"--pid2name {path}: {pid!r} is not [name, description] with "
+                                f"a name; {fix}")
+    return {pid: (v[0].strip(), v[1] if len(v) > 1 and isinstance(v[1], str) else None)
+            for pid, v in data.items()}
+
+
 def make_episodes(data: Any, ways: int, shots: int, count: int, seed: int,
-                  source: str = "data") -> tuple[list[dict[str, Any]], list[int]]:
+                  source: str = "data", with_relations: bool = True
+                  ) -> tuple[list[dict[str, Any]], list[int]]:
     """Test input and gold answers drawn from FewRel-format ``{relation: [record, ...]}``.
 
     Each episode takes ``ways`` relations and ``shots`` records of each, without
-    replacement, in random way order; the query is one more record of a random way.
+    replacement, in random way order; the query is one more record of a random way. With
+    ``with_relations``, each lists its relation keys in way order; the draws are the same.
     """
     if not isinstance(data, Mapping) or not all(isinstance(v, list) for v in data.values()):
         raise PipelineError(f"{source} is not FewRel format {{relation: [{{tokens, h, t}}, "
@@ -152,15 +191,19 @@ def make_episodes(data: Any, ways: int, shots: int, count: int, seed: int,
             meta_train.append([data[r][j] for j in rows[:shots]])
             if n == answer:
                 query = data[r][rows[shots]]
-        inputs.append({"meta_train": meta_train, "meta_test": query})
+        inputs.append({"meta_train": meta_train, "meta_test": query,
+                       **({"relation": picked} if with_relations else {})})
         gold.append(answer)
     return inputs, gold
 
 
 @torch.no_grad()
 def predict_episodes(predictor: Predictor, episodes: Sequence[TestEpisode],
-                     progress: bool = True) -> tuple[list[int], dict[str, float]]:
-    """The answer (way index) of every episode, and timings.
+                     progress: bool = True,
+                     names: Mapping[str, tuple[str, str | None]] | None = None
+                     ) -> tuple[list[int], dict[str, float], dict[str, int]]:
+    """The answer (way index) of every episode, timings and ways per prior kind (none without a
+    prior); ids outside the graph are named once per file, as ``Predictor.set_support`` does.
 
     Shapes:
         encodings: (U, D); per episode support (1, N, K, D), query (1, 1, D), h (1, N, D)
@@ -178,29 +221,38 @@ def predict_episodes(predictor: Predictor, episodes: Sequence[TestEpisode],
         parts.append(predictor.encode([unique[i] for i in order[at: at + CHUNK]]))
     enc = torch.empty(len(unique), predictor.model.encoder.out_dim, device=predictor.device)
     enc[torch.tensor(order, dtype=torch.long, device=enc.device)] = torch.cat(parts)  # (U, D)
+    model, head = predictor.model, predictor.model.head
+    ids = list(dict.fromkeys(r for ep in episodes for r in ep.relations or ()))
+    if model.prior is not None and ids:
+        texts = names or {}
+        model.prior.add_names({r: texts[r][0] if r in texts else relation_name(r) for r in ids},
+                              model.encoder, None, predictor.batch_size,
+                              {r: texts[r][1] for r in ids if r in texts})
     encoded = time.perf_counter()
-    head = predictor.model.head
     states = head.prior_states()
-    means: dict[int, torch.Tensor] = {}
+    kinds = dict.fromkeys(PRIOR_KINDS, 0) if model.prior is not None else {}
     answers = []
     for ep in tqdm(episodes, desc="episodes", unit="ep", disable=not progress):
         n, k = ep.ways, ep.shots
-        if n not in means:  # no way is a graph relation: every row -1, the fallback prior
-            means[n] = head.prior_means(states, torch.full((1, n), -1, dtype=torch.long,
-                                                           device=enc.device))  # (1, N, D)
+        ways = (model.rows(list(ep.relations)) if ep.relations is not None
+                else torch.full((n,), -1, dtype=torch.long))  # (N,); -1: the fallback prior
+        h = head.prior_means(states, ways[None].to(enc.device))  # (1, N, D)
+        if model.prior is not None:
+            for r in ep.relations or (None,) * n:
+                kinds["fallback" if r is None else model.prior.prior_kind(r)] += 1
         rows = [index[s] for way in ep.support for s in way]
         sup = enc[rows].reshape(1, n, k, -1)  # (1, N, K, D)
         query = enc[[index[ep.query]]][None]  # (1, 1, D)
         # Seeded per episode, as Predictor.sample_logits seeds each call.
         gen = torch.Generator(device=enc.device).manual_seed(predictor.seed)
-        logits = head.sample_logits(sup, query, means[n], gen)[0]  # (S, 1, N)
+        logits = head.sample_logits(sup, query, h, gen)[0]  # (S, 1, N)
         probs = predictive_summary(logits)[0][0]  # (N,)
         if not bool(torch.isfinite(probs).all()):  # its argmax would be way 0, silently
             raise NonFinite([len(answers)], len(episodes), f"episode {len(answers)}")
         answers.append(int(probs.argmax()))
     done = time.perf_counter()
     return answers, {"sentences": float(len(unique)), "encode_s": encoded - start,
-                     "head_s": done - encoded}
+                     "head_s": done - encoded}, kinds
 
 
 def _write_json(obj: Any, path: Path, source: Path | None = None) -> None:
@@ -238,22 +290,28 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     check_threads(args.threads)
     check_readable(args.input, "--input")
     check_writable(args.out)
-    refuse_same(args.out, "--out", {"--input": args.input, "--checkpoint": args.checkpoint})
+    refuse_same(args.out, "--out", {"--input": args.input, "--checkpoint": args.checkpoint,
+                                    "--pid2name": args.pid2name})
     episodes = parse_episodes(load_json(args.input, fix=(
         "give --input FewRel's test input: a JSON list of {meta_train, meta_test}")),
         str(args.input))
+    names = read_pid2name(args.pid2name) if args.pid2name is not None else {}
     set_threads(args.threads)
     device = select_device(args.device, "--device")
     predictor = Predictor.from_checkpoint(args.checkpoint, device, seed=args.seed,
                                           batch_size=args.batch_size)
-    answers, timing = predict_episodes(predictor, episodes)
+    answers, timing, priors = predict_episodes(predictor, episodes, names=names)
     _write_json(answers, args.out)
     total = timing["encode_s"] + timing["head_s"]
     print(f"{len(episodes)} episodes -> {args.out}: {int(timing['sentences'])} distinct "
           f"sentences encoded in {timing['encode_s']:.1f}s "
           f"({timing['sentences'] / max(timing['encode_s'], 1e-9):.1f} sentences/s), "
           f"heads {timing['head_s']:.1f}s, total {total:.1f}s on {device}")
-    return {"answers": answers, **timing}
+    print(f"{sum(ep.relations is not None for ep in episodes)} of {len(episodes)} episodes "
+          "carry relation ids; priors over the ways of every episode: " + (", ".join(
+              f"{k} {n}" for k, n in priors.items()) + " (graph: relation graph and label; "
+          "label: the relation's name alone)" if priors else "none (no prior)"))
+    return {"answers": answers, "priors": priors, **timing}
 
 
 def run_make(args: argparse.Namespace) -> dict[str, Any]:
@@ -265,12 +323,12 @@ def run_make(args: argparse.Namespace) -> dict[str, Any]:
     refuse_same(args.answers, "--answers", {"--out": args.out, "--data": args.data})
     data = load_json(args.data, fix="give --data a FewRel-format JSON file")
     inputs, gold = make_episodes(data, args.ways, args.shots, args.episodes, args.seed,
-                                 str(args.data))
+                                 str(args.data), with_relations=not args.no_relations)
     parse_episodes(inputs, str(args.data))  # the records must be readable, now not later
     _write_json(inputs, args.out, args.data)
     _write_json(gold, args.answers)
-    print(f"{len(inputs)} {args.ways}-way {args.shots}-shot episodes -> {args.out}, gold "
-          f"answers -> {args.answers}")
+    print(f"{len(inputs)} {args.ways}-way {args.shots}-shot episodes -> {args.out} (relation "
+          f"ids: {'no' if args.no_relations else 'yes'}), gold answers -> {args.answers}")
     return {"inputs": inputs, "gold": gold}
 
 
@@ -295,25 +353,26 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--checkpoint", type=Path, required=True,
                     help="model.safetensors or a folder from regrab-models export")
     pr.add_argument("--input", type=Path, required=True, help="FewRel test input JSON")
-    pr.add_argument("--out", type=Path, required=True,
-                    help="answer file (JSON list of ints); never --input")
-    pr.add_argument("--seed", type=int, default=0,
-                    help="seeds the posterior samples, 0 to 2**63 - 1")
+    pr.add_argument("--out", type=Path, required=True, help="answers, a JSON list; not --input")
+    pr.add_argument("--pid2name", type=Path, default=None, help="FewRel's pid2name.json: names "
+                    "(and descriptions) of relation ids outside the checkpoint's graph")
+    pr.add_argument("--seed", type=int, default=0, help="posterior samples' seed, 0 to 2**63 - 1")
     pr.add_argument("--device", default="auto", help="auto | cpu | cuda")
     pr.add_argument("--batch-size", type=int, default=64, help="sentences per encoder batch")
-    pr.add_argument("--threads", type=int, default=0,
-                    help="torch threads, at most the CPUs (0: its default)")
+    pr.add_argument("--threads", type=int, default=0, help="torch threads, at most the CPUs "
+                    "(0: its default)")
     mk = sub.add_parser("make", help="test input and gold answers from a FewRel-format file")
     mk.add_argument("--data", type=Path, required=True, help="e.g. val_wiki.json")
     mk.add_argument("--ways", type=int, default=5)
     mk.add_argument("--shots", type=int, default=1)
-    mk.add_argument("--episodes", type=int, default=1000,
-                    help="at most what fits in half the machine's memory")
+    mk.add_argument("--episodes", type=int, default=1000, help="at most what fits in half "
+                    "the machine's memory")
     mk.add_argument("--seed", type=int, default=0, help="0 to 2**63 - 1")
     mk.add_argument("--out", type=Path, required=True,
                     help="test input JSON to write; never --data or --answers")
     mk.add_argument("--answers", type=Path, required=True,
                     help="gold answers JSON to write; never --data or --out")
+    mk.add_argument("--no-relations", action="store_true", help="no relation ids (CodaLab form)")
     sc = sub.add_parser("score", help="accuracy of an answer file against gold answers")
     sc.add_argument("--pred", type=Path, required=True)
     sc.add_argument("--answers", type=Path, required=True)

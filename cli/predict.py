@@ -4,8 +4,11 @@ Support rows ``{"relation": "P40", <sentence>}`` give labelled examples; a row w
 and no sentence, or ``--zero-shot P19,P27``, adds a relation predicted from its prior alone
 (a comma inside parentheses does not split: ``--zero-shot 'Cause-Effect(e2,e1)'``).
 A relation outside the checkpoint's graph gets a prior read from its name (a row's ``name``,
-``--name REL=NAME``, or the key itself, e.g. ``gene_found_in_organism``); the summary says
-which prior each relation used (graph, label, fallback).
+``--relations FILE``, ``--name REL=NAME``, or the key itself, e.g. ``gene_found_in_organism``)
+and, for a checkpoint with ``model.prior.descriptions: true``, its description (a row's
+``description`` or ``--relations``; the file is FewRel's ``pid2name.json`` format,
+``{"key": ["name", "description"]}``); the summary says which prior each relation used (graph,
+label, fallback) and what it read (name+description, name, no text), with the counts.
 A sentence is ``{"text": "[E1]Barack Obama[/E1] was born in [E2]Hawaii[/E2] ."}``, a
 FewRel record (``tokens``, ``h``, ``t``) or FEWSHOT_SCHEMA columns; a ``.txt`` query file holds
 one marked sentence per line. Queries may carry ``id`` and a gold ``relation`` (then the
@@ -24,13 +27,14 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-from cli.files import check_output, read_records, write_predictions
+from cli.files import check_output, check_readable, read_records, write_predictions
 from cli.guard import refuse_same, run_command
 from cli.limits import check_seed, check_threads
 from cli.text import lone_surrogate
@@ -38,6 +42,7 @@ from model.predict.predictor import NonFinite, Predictor
 from model.predict.sentences import Sentence, has_sentence, parse_sentence
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError
+from pipeline.fewrel import load_relation_texts
 
 SHOWN_SKIPS = 5
 
@@ -105,21 +110,103 @@ def read_support(path: Path | None, zero_shot: list[str]) -> dict[str, list[Sent
     return support
 
 
-def read_names(path: Path | None, given: list[str]) -> dict[str, str]:
-    """Relation names for relations outside the checkpoint's graph: a support row's
-    ``name`` field, then ``--name REL=NAME`` (which wins)."""
-    names: dict[str, str] = {}
-    if path is not None:
-        for _, rec in read_records(path, "support file"):
-            if isinstance(rec, dict) and isinstance(rec.get("name"), str) and rec["name"].strip():
-                names[str(rec.get("relation"))] = rec["name"].strip()
+def read_relation_texts(path: Path, option: str = "--relations"
+                        ) -> dict[str, tuple[str, str | None]]:
+    """``{key: (name, description or None)}`` from a relations file in FewRel's
+    ``pid2name.json`` format: ``{"key": ["name", "description"]}``, the description optional.
+
+    Raises:
+        PipelineError: one line naming ``option``, when the file is missing or not JSON, an
+            entry is not ``[name]`` or ``[name, description]``, its text holds a lone
+            surrogate, or a key is written twice with different text (JSON readers keep the
+            last one silently).
+    """
+    check_readable(path, option)
+    try:
+        texts = load_relation_texts(path)
+    except PipelineError as exc:
+        raise PipelineError(f"{option} {exc}") from None
+    for key, text in texts.items():
+        if lone_surrogate(key) or lone_surrogate(list(text)):
+            raise PipelineError(f"{option} {path}: entry {key!r} holds a lone surrogate (half "
+                                "of a UTF-16 pair, a \\ud800-\\udfff escape), which is not "
+                                "text; fix the escape")
+    # Valid JSON by now, and every value a list of strings: only the top level is an object.
+    for key, value in json.loads(path.read_bytes(), object_pairs_hook=lambda kv: kv):
+        if _entry(value) != texts[key]:
+            raise PipelineError(
+                f"{option} {path}: relation {key!r} is given twice with different text "
+                f"({_shown(_entry(value))} and {_shown(texts[key])}); keep one entry")
+    return texts
+
+
+def _entry(value: Any) -> tuple[str, str | None] | Any:
+    """A relations-file entry as :func:`load_relation_texts` keeps it (anything else: as is)."""
+    if not (isinstance(value, list) and 1 <= len(value) <= 2
+            and all(isinstance(v, str) for v in value)):
+        return value
+    description = " ".join(value[1].split()) if len(value) == 2 else ""
+    return " ".join(value[0].split()), description or None
+
+
+def _shown(text: Any, width: int = 60) -> str:
+    """An entry's text, cut for a one-line message."""
+    shown = " / ".join(t for t in text if t) if isinstance(text, tuple) else repr(text)
+    return repr(shown if len(shown) <= width else shown[:width] + "...")
+
+
+def read_texts(path: Path | None, given: list[str], relations: Path | None = None
+               ) -> tuple[dict[str, str], dict[str, str]]:
+    """Names and descriptions of relations, read by the prior of those outside the
+    checkpoint's graph: from ``--relations``, support rows' ``name`` and ``description``
+    fields, then ``--name REL=NAME`` (which wins for the name).
+
+    Raises:
+        PipelineError: a ``name`` or ``description`` that is not text, or two of the files
+            giving one relation different names or descriptions.
+    """
+    overrides: dict[str, str] = {}
     for item in given:
         rel, sep, name = _text(item, "--name").partition("=")
         if not sep or not rel.strip() or not name.strip():
             raise PipelineError(f"--name {item!r}: write it as RELATION=NAME, e.g. "
                                 "--name 'gene_found_in_organism=found in organism'")
-        names[rel.strip()] = name.strip()
-    return names
+        overrides[rel.strip()] = name.strip()
+    names: dict[str, str] = {}
+    descriptions: dict[str, str] = {}
+    sources: dict[tuple[str, str], str] = {}
+
+    def put(kind: str, into: dict[str, str], relation: str, text: str, source: str) -> None:
+        text = " ".join(text.split())
+        if not text or (kind == "name" and relation in overrides):
+            return
+        if relation in into and into[relation] != text:
+            raise PipelineError(
+                f"relation {relation!r} is given two different {kind}s, "
+                f"{_shown((into[relation],))} in {sources[kind, relation]} and "
+                f"{_shown((text,))} in {source}; keep one"
+                + (" (--name REL=NAME overrides both)" if kind == "name" else ""))
+        into[relation] = text
+        sources.setdefault((kind, relation), source)
+
+    if relations is not None:
+        for rel, (name, description) in read_relation_texts(relations).items():
+            put("name", names, rel, name, f"--relations {relations}")
+            put("description", descriptions, rel, description or "", f"--relations {relations}")
+    if path is not None:
+        for line, rec in read_records(path, "support file"):
+            if not isinstance(rec, dict):  # read_support has refused it already
+                continue
+            for kind, into in (("name", names), ("description", descriptions)):
+                value = rec.get(kind)
+                if value is None:
+                    continue
+                if not isinstance(value, str):
+                    raise PipelineError(f"support {path} line {line}: '{kind}' is "
+                                        f"{type(value).__name__}, not text; write the "
+                                        f"relation's {kind} as a string")
+                put(kind, into, str(rec.get("relation")), value, f"support {path} line {line}")
+    return names | overrides, descriptions
 
 
 def read_queries(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
@@ -162,10 +249,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="name of a relation outside the checkpoint's graph, read as its prior "
                         "(repeatable; default: read from the relation key, e.g. "
                         "gene_found_in_organism)")
+    p.add_argument("--relations", type=Path, metavar="FILE",
+                   help="names and descriptions of your relations, FewRel's pid2name.json "
+                        "format: {\"key\": [\"name\", \"description\"]} (description "
+                        "optional); read by the prior of relations outside the checkpoint's "
+                        "graph, the description only by checkpoints with "
+                        "model.prior.descriptions: true")
     p.add_argument("--queries", type=Path, required=True, help="JSONL, Parquet or .txt")
     p.add_argument("--out", type=Path, required=True,
-                   help=".jsonl or .parquet; a file, never --queries or --support (checked "
-                        "before any work)")
+                   help=".jsonl or .parquet; a file, never --queries, --support or --relations "
+                        "(checked before any work)")
     p.add_argument("--threshold", type=float, default=0.0,
                    help="abstain when the top probability is below this (0: never)")
     p.add_argument("--seed", type=int, default=0,
@@ -181,7 +274,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     check_seed(args.seed)
     check_threads(args.threads)
     check_output(args.out)  # before the predictions, not after them
-    refuse_same(args.out, "--out", {"--queries": args.queries, "--support": args.support})
+    refuse_same(args.out, "--out", {"--queries": args.queries, "--support": args.support,
+                                    "--relations": args.relations})
     return args
 
 
@@ -192,12 +286,12 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
     device = select_device(args.device, "--device")
     zero_shot = [r for given in args.zero_shot for r in split_relations(given)]
     support = read_support(args.support, zero_shot)
-    names = read_names(args.support, args.name)
+    names, descriptions = read_texts(args.support, args.name, args.relations)
     queries, skipped = read_queries(args.queries)
     predictor = Predictor.from_checkpoint(
         args.checkpoint, device, seed=args.seed, threshold=args.threshold,
         batch_size=args.batch_size)
-    summary = predictor.set_support(support, names=names)
+    summary = predictor.set_support(support, names=names, descriptions=descriptions)
     rows: list[dict[str, Any]] = []
     starts = range(0, len(queries), args.chunk)
     for s in tqdm(starts, desc="predict", unit="chunk", disable=len(starts) < 2):
@@ -221,7 +315,9 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"  skipped {reason}")
     if len(skipped) > SHOWN_SKIPS:
         print(f"  ... and {len(skipped) - SHOWN_SKIPS} more skipped")
-    result = {"predicted": len(rows), "skipped": len(skipped), "abstained": abstained}
+    result = {"predicted": len(rows), "skipped": len(skipped), "abstained": abstained,
+              "priors": summary.priors, "texts": summary.texts,
+              "text_counts": summary.text_counts}
     scored = [r for r in rows if r["gold"] in summary.relations]
     if scored:
         acc = float(np.mean([r["best"] == r["gold"] for r in scored]))

@@ -13,8 +13,16 @@ Before scoring, relations are sorted out and listed:
 * trained on by a checkpoint (its training or validation relations): excluded, or kept and
   flagged with ``--keep-trained``;
 * absent from a REGRAB checkpoint's relation graph: scored with a prior read from the
-  relation's name (the key, e.g. ``gene_found_in_organism``), or the learned fallback when the
-  key is a bare id; the output counts the ways of each kind.
+  relation's name (from ``--relations``, else the key, e.g. ``gene_found_in_organism``), or
+  the learned fallback when the key is a bare id and the file names it not; the output counts
+  the ways of each kind.
+
+``--relations FILE`` (FewRel's ``pid2name.json`` format, ``{"key": ["name", "description"]}``,
+the description optional) gives the relations' names and descriptions: the names replace
+those read from the keys, and checkpoints with ``model.prior.descriptions: true`` read the
+descriptions after them. A relation the file lacks keeps its key's name and no description;
+the output says how many. Per method, the output counts the ways whose prior read a name and
+description, a name only, or no text.
 
 Usage:
     regrab-score --data ../shared/data/fewrel/val_nyt.json --models models/fewrel \
@@ -33,11 +41,13 @@ import torch
 from cli.files import check_readable
 from cli.guard import refuse_same, run_command
 from cli.limits import check_episodes, check_threads
+from cli.predict import read_relation_texts
 from cli.text import lone_surrogate
 from model.episodes import Setting
 from model.evaluation.splits import EvalConfig
 from model.evaluation.transfer import score_table
 from model.methods import registry
+from model.prior.labels import PRIOR_KINDS, TEXT_KINDS
 from pipeline import report
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError
@@ -87,6 +97,17 @@ def episode_bytes(relations: int, settings: list[Setting], queries: int, methods
                                 + 16 * methods * s.ways * queries for s in settings)
 
 
+def relation_texts(texts: dict[str, tuple[str, str | None]], scored: list[str],
+                   keys: list[str]) -> dict[str, Any]:
+    """What ``--relations`` gave the scored relations: how many it names and describes, the
+    ones it lacks (they keep the name read from their key), and how many of its entries name
+    no relation of the data."""
+    return {"named": sum(r in texts for r in scored),
+            "described": sum(r in texts and bool(texts[r][1]) for r in scored),
+            "missing": [r for r in scored if r not in texts],
+            "unused": len(set(texts) - set(keys))}
+
+
 def score(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse arguments, score, write the tables; returns metrics and the relation lists."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -108,22 +129,34 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
                         help="keep (and flag) relations a checkpoint was trained on")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"),
                         help="evaluate section: queries, seed, batch sizes, device")
+    parser.add_argument("--relations", type=Path, metavar="FILE",
+                        help="names and descriptions of the data's relations, FewRel's "
+                             "pid2name.json format: {\"key\": [\"name\", \"description\"]} "
+                             "(description optional); the names replace those read from the "
+                             "keys, the descriptions are read by checkpoints with "
+                             "model.prior.descriptions: true")
     args = parser.parse_args(argv)
     check_readable(args.data, "--data")
     check_readable(args.params, "--params")
+    if args.relations is not None:
+        check_readable(args.relations, "--relations")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     outputs = [args.out.with_name(args.out.name + end) for end in (".json", "_report.json",
                                                                     ".md")]
     for path in outputs:  # every one before the scoring, not after it
         check_writable(path)
-        refuse_same(path, "output", {"--data": args.data, "--params": args.params})
+        refuse_same(path, "output", {"--data": args.data, "--params": args.params,
+                                     "--relations": args.relations})
     settings = parse_settings(args.settings)
     wanted = [m for m in args.methods.split(",") if m] if args.methods else None
     base = load_section(EvalConfig, "evaluate", args.params)
+    texts = {} if args.relations is None else read_relation_texts(args.relations)
     data = load_json(args.data, fix=(
         "give --data a FewRel-format JSON file: {relation: [{tokens, h, t}, ...]}"))
     refuse_lone_surrogates(data, args.data)
-    table, parsed = convert(args.data.stem, data, {})
+    keys = list(data) if isinstance(data, dict) else []
+    table, parsed = convert(args.data.stem, data, {k: texts[k][0] for k in keys if k in texts})
+    descriptions = {k: texts[k][1] for k in keys if k in texts and texts[k][1]}
     # Before anything is drawn: every setting's episodes are held at once.
     check_episodes(args.episodes or base.episodes, episode_bytes(
         len(parsed["instances_per_relation"]), settings, base.queries,
@@ -137,7 +170,7 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
             args.data.name, table, args.models, base, settings, device,
             methods=wanted,
             episodes=args.episodes, keep_trained=args.keep_trained,
-            listed=parsed["instances_per_relation"])
+            listed=parsed["instances_per_relation"], descriptions=descriptions)
     summary, cfg, methods = result["summary"], result["cfg"], result["methods"]
     relations = summary["relations"]
     usable, needed = len(relations["relations_scored"]), result["needed"]
@@ -146,24 +179,46 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
           f"{len(relations['trained_on'])} trained on "
           f"({'excluded' if not args.keep_trained else 'kept, flagged'}): "
           f"{relations['trained_on']}")
+    named = None
+    if args.relations is not None:
+        named = relation_texts(texts, relations["relations_scored"], keys)
+        missing = named["missing"]
+        print(f"--relations {args.relations}: names for {named['named']} of {usable} scored "
+              f"relations ({named['described']} with a description); missing from it: "
+              f"{len(missing)}"
+              + (f" ({', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}), named by "
+                 "their key, with no description" if missing else "")
+              + f"; entries naming no relation of --data: {named['unused']}")
     for method, counts in summary["priors"].items():
         print(f"{method} priors over the ways of every episode: "
-              + ", ".join(f"{k} {n}" for k, n in counts.items())
-              + " (graph: relation graph and label; label: the relation's name alone)")
+              + ", ".join(f"{k} {counts.get(k, 0)}" for k in PRIOR_KINDS)
+              + " (graph: relation graph and label; label: the relation's name alone); "
+              + "text read: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in TEXT_KINDS)
+              + " (a name and description, a name only, no text)")
     summary["relations"] = {**relations, "parsed": {k: v for k, v in parsed.items()
                                                     if k != "instances_per_relation"}}
+    if named is not None:
+        summary["relations"]["texts"] = named
     metrics = report.headline_metrics(summary, args.data.stem, tuple(methods))
     note = (f"{args.data.name}: {usable} relations, {cfg.episodes} episodes per setting and "
             f"checkpoint split, {cfg.queries} queries per way; models from {args.models}. "
             f"Relations trained on: {relations['trained_on'] or 'none'}"
-            f"{' (kept, flagged)' if args.keep_trained else ' (excluded)'}.")
+            f"{' (kept, flagged)' if args.keep_trained else ' (excluded)'}."
+            + (f" Names and descriptions from {args.relations.name}: "
+               f"{named['named']} of {usable} relations named, {named['described']} "
+               f"described, {len(named['missing'])} missing (named by their key)."
+               if named is not None else "")
+            + "".join(f" {m} ways whose prior read "
+                      + ", ".join(f"{k} {c.get(k, 0)}" for k in TEXT_KINDS) + "."
+                      for m, c in summary["priors"].items()))
     text = report.markdown_report(summary, [s.name for s in settings], note)
     with atomic_paths(*outputs) as (metrics_tmp, report_tmp, table_tmp):  # all or none
         report.write_json_ordered(metrics, metrics_tmp)
         report.write_json_ordered(summary, report_tmp)
         table_tmp.write_text(text)
     print(text)
-    return {"metrics": metrics, "relations": relations}
+    return {"metrics": metrics, "relations": relations, "priors": summary["priors"],
+            "texts": named}
 
 
 def main(argv: list[str] | None = None) -> None:

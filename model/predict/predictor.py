@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from model.encoder.frozen_cache import encode_all
 from model.files.loader import load_model
 from model.methods.base import FewShotModel
 from model.predict.sentences import parse_sentence, sentences_table
+from model.predict.summary import SupportSummary, unread_descriptions
 from model.prior.labels import relation_name
 from pipeline.errors import PipelineError
 
@@ -157,36 +158,6 @@ class Predictions:
         ]
 
 
-@dataclass
-class SupportSummary:
-    """What :meth:`Predictor.set_support` built, for the user to read."""
-
-    relations: list[str]
-    shots: list[int]
-    used_shots: list[int]
-    zero_shot: list[str]
-    #: Where each relation's prior mean came from (``graph``, ``label``: its name alone,
-    #: ``fallback``); empty for methods without a prior.
-    priors: dict[str, str]
-    handling: str
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def fallback_prior(self) -> list[str]:
-        return [r for r, kind in self.priors.items() if kind == "fallback"]
-
-    def lines(self) -> list[str]:
-        shots = ", ".join(f"{r} K={k}" for r, k in zip(self.relations, self.shots, strict=True))
-        out = [f"support: {len(self.relations)} candidate relations ({shots})", self.handling]
-        if self.zero_shot:
-            out.append(f"zero-shot from the prior: {', '.join(self.zero_shot)}")
-        if self.priors:
-            out.append("prior: " + ", ".join(f"{r} {k}" for r, k in self.priors.items())
-                       + " (graph: the relation graph and its label; label: the relation's "
-                       "name alone; fallback: neither, a shared learned vector)")
-        return out + self.notes
-
-
 class Predictor:
     """A trained model ready to label sentences; load once, set the support, predict often.
 
@@ -252,15 +223,18 @@ class Predictor:
     @torch.no_grad()
     def set_support(self, support: Mapping[str, Sequence[Any]],
                     zero_shot: Sequence[str] = (),
-                    names: Mapping[str, str] | None = None) -> SupportSummary:
+                    names: Mapping[str, str] | None = None,
+                    descriptions: Mapping[str, str | None] | None = None) -> SupportSummary:
         """Encode the support once: ``{relation: [sentence, ...]}`` plus zero-shot ids.
 
         A relation outside the checkpoint's graph gets a prior from its name: ``names[r]``
         when given, else one read from the key (``gene_found_in_organism``,
         ``Cause-Effect(e1,e2)``; a bare Wikidata id is no name), else the shared fallback.
-        A relation with no sentences (or listed in ``zero_shot``) is predicted from its prior
-        alone, which needs a ``regrab`` checkpoint whose graph holds it or that can read its
-        name.
+        A checkpoint with ``model.prior.descriptions: true`` reads ``descriptions[r]`` after
+        the name; the summary says what each prior read (``texts``) and notes descriptions
+        that were not read, and why. A relation with no sentences (or listed in
+        ``zero_shot``) is predicted from its prior alone, which needs a ``regrab`` checkpoint
+        whose graph holds it or that can read its name.
         """
         if any(isinstance(s, str | Mapping) for s in support.values()):
             raise PipelineError("support maps each relation to a list of sentences")
@@ -275,10 +249,12 @@ class Predictor:
             raise PipelineError(f"need at least 2 candidate relations, got {len(relations)}; "
                                 "add support sentences or zero-shot relation ids")
         model, head = self.model, self.model.head
+        given = dict(names or {})
+        said = {str(r): d for r, d in (descriptions or {}).items() if d and d.strip()}
         if model.prior is not None:
-            given = dict(names or {})
             model.prior.add_names({r: given.get(r) or relation_name(r) for r in relations},
-                                  model.encoder, None, self.batch_size)
+                                  model.encoder, None, self.batch_size,
+                                  descriptions={r: said.get(r) for r in relations})
         rows = model.rows(relations)  # (N,)
         shots = [len(support[r]) for r in relations]
         zs = [r for r, k in zip(relations, shots, strict=True) if k == 0]
@@ -308,7 +284,10 @@ class Predictor:
             self._groups.append((ways, sup, None if h is None else h[:, ways]))
         priors = {} if model.prior is None else {r: model.prior.prior_kind(r)
                                                   for r in relations}
-        self.summary = SupportSummary(relations, shots, used, zs, priors, handling)
+        texts = {} if model.prior is None else {r: model.prior.text_kind(r) for r in relations}
+        notes = unread_descriptions(model, relations, given, said, texts)
+        self.summary = SupportSummary(relations, shots, used, zs, priors, handling,
+                                      notes=notes, texts=texts)
         return self.summary
 
     def _plan(self, shots: list[int]) -> tuple[list[int], str]:

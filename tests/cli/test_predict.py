@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from cli.predict import main, read_queries, read_support
+from cli.predict import main, predict_files, read_queries, read_support
 from model.predict.sentences import parse_sentence
 from pipeline.io import write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
@@ -40,7 +40,8 @@ def files(tmp_path_factory):
     write_parquet(table, root / "queries.parquet", FEWSHOT_SCHEMA)
     return {"root": root, "ckpt": tiny_checkpoint(root), "support": root / "support.jsonl",
             "queries": root / "queries.jsonl", "parquet": root / "queries.parquet",
-            "n_queries": len(queries)}
+            "n_queries": len(queries),
+            "reads_descriptions": tiny_checkpoint(root, prior={"descriptions": True})}
 
 
 def _run(files, out, *extra, support=True, queries=None):
@@ -150,8 +151,92 @@ def test_names_from_support_rows_and_the_command_line(files, tmp_path, capsys):
           str(files["queries"]), "--out", str(tmp_path / "o.jsonl"), "--device", "cpu",
           "--name", "Q8008=verb8 w1"])
     out = capsys.readouterr().out
-    assert "prior: P6 graph, Q7007 label, Q8008 label" in out
+    assert "prior: P6 graph (no text), Q7007 label (name), Q8008 label (name)" in out
     with pytest.raises(SystemExit):
         main(["--checkpoint", str(files["ckpt"]), "--support", str(support), "--queries",
               str(files["queries"]), "--out", str(tmp_path / "o.jsonl"), "--name", "Q8008"])
     assert "write it as RELATION=NAME" in capsys.readouterr().err
+
+
+def _renamed_support(files, path, **fields):
+    """The fixture's support with P7 and P8 renamed to relations the graph lacks (Q7007,
+    Q8008); ``fields`` adds ``{relation: {field: value}}`` to those relations' rows."""
+    rows = [json.loads(x) for x in files["support"].read_text().splitlines()]
+    for r in rows:
+        r["relation"] = {"P7": "Q7007", "P8": "Q8008"}.get(r["relation"], r["relation"])
+        r.update(fields.get(r["relation"], {}))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_relations_file_and_description_fields_reach_the_prior(files, tmp_path, capsys):
+    """Q7007's name and description come from --relations, Q8008's name from --name (over
+    the file's) and its description from its support rows: a checkpoint that reads
+    descriptions reads both, one that does not reads the names alone and says so."""
+    support = _renamed_support(files, tmp_path / "s.jsonl",
+                               Q8008={"description": "w3 of the w4"})
+    relations = tmp_path / "relations.json"
+    relations.write_text(json.dumps({"Q7007": ["verb7", "w1 w2 the w5"], "Q8008": ["verb8"],
+                                     "Q9999": ["not a candidate", "ignored"]}))
+    argv = ["--support", str(support), "--relations", str(relations), "--name",
+            "Q8008=verb8 w1", "--queries", str(files["queries"]), "--device", "cpu"]
+    result = predict_files(["--checkpoint", str(files["reads_descriptions"]),
+                            "--out", str(tmp_path / "a.jsonl"), *argv])
+    out = capsys.readouterr().out
+    # The untrained checkpoint never encoded its graph's labels: P6 reads no text.
+    assert ("prior: P6 graph (no text), Q7007 label (name+description), "
+            "Q8008 label (name+description)") in out
+    assert "prior text: name+description 2, name 0, no text 1" in out
+    assert result["text_counts"] == {"name+description": 2, "name": 0, "no text": 1}
+    assert result["texts"]["Q7007"] == "name+description"
+    assert result["priors"] == {"P6": "graph", "Q7007": "label", "Q8008": "label"}
+
+    main(["--checkpoint", str(files["ckpt"]), "--out", str(tmp_path / "b.jsonl"), *argv])
+    out = capsys.readouterr().out
+    assert "Q7007 label (name), Q8008 label (name)" in out
+    assert "prior text: name+description 0, name 2, no text 1" in out
+    assert "descriptions not read: Q7007, Q8008 (the checkpoint's prior reads names only" in out
+    assert len((tmp_path / "b.jsonl").read_text().splitlines()) == files["n_queries"]
+
+
+def test_bad_relations_files_are_one_error_line(files, capsys, tmp_path):
+    out = tmp_path / "never.jsonl"
+    support = _renamed_support(files, tmp_path / "s.jsonl")
+    bad = tmp_path / "relations.json"
+
+    def error(text, *extra, rows=support):
+        bad.write_text(text)
+        return _error(files, capsys, out, "--support", str(rows), "--relations", str(bad),
+                      *extra, support=False)
+
+    assert "--relations" in error("{not json") and "not valid JSON" in error("{not json")
+    assert "expected a JSON object" in error('[["verb7"]]')
+    assert "not [name, description]" in error('{"Q7007": "verb7"}')
+    assert "not [name, description]" in error('{"Q7007": ["  ", "a description"]}')
+    assert "not [name, description]" in error('{"Q7007": ["verb7", "d", "extra"]}')
+    err = error('{"Q7007": ["verb7", "w1"], "Q7007": ["verb7", "w2"]}')
+    assert "'Q7007' is given twice with different text" in err and "keep one entry" in err
+    assert "lone surrogate" in error('{"Q7007": ["verb7", "\\ud800"]}')
+    # The file and a support row disagree; --name settles a name, never a description.
+    named = _renamed_support(files, tmp_path / "named.jsonl",
+                             Q7007={"name": "verb7 w9", "description": "w1 w3"})
+    err = error('{"Q7007": ["verb7", "w1 w2"]}', rows=named)
+    assert "two different names" in err and "--name REL=NAME overrides both" in err
+    err = error('{"Q7007": ["verb7", "w1 w2"]}', "--name", "Q7007=verb7", rows=named)
+    assert "two different descriptions" in err and "line 3" in err
+    same = tmp_path / "relations.jsonl"  # an output extension, so only the path is wrong
+    same.write_text('{"Q7007": ["verb7"]}')
+    with pytest.raises(SystemExit) as exc:
+        _run(files, same, "--relations", str(same))
+    assert exc.value.code == 2 and "is also --relations" in capsys.readouterr().err
+    assert same.read_text() == '{"Q7007": ["verb7"]}'
+    numbers = _renamed_support(files, tmp_path / "numbers.jsonl", Q8008={"description": 7})
+    bad.write_text('{"Q7007": ["verb7"]}')
+    err = _error(files, capsys, out, "--support", str(numbers), "--relations", str(bad),
+                 support=False)
+    assert "'description' is int, not text" in err
+    # The same text twice is no conflict.
+    bad.write_text('{"Q7007": ["verb7", "w1"], "Q7007": [" verb7 ", "w1 "]}')
+    main(["--checkpoint", str(files["ckpt"]), "--support", str(support), "--relations",
+          str(bad), "--queries", str(files["queries"]), "--out", str(out), "--device", "cpu"])
+    assert "Q7007 label (name)" in capsys.readouterr().out

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -7,6 +8,7 @@ import yaml
 
 from cli import score
 from model.files.checkpoint import read_checkpoint, save_checkpoint
+from model.prior.labels import PRIOR_KINDS, TEXT_KINDS
 from pipeline.errors import PipelineError
 from stages import train
 from tests.conftest import project_params
@@ -25,7 +27,8 @@ def trained(tmp_path_factory):
     graph, features = toy_graph(root)
     params = project_params(**{
         "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
-                              "normalize": 5.0}, "langevin": {"samples": 2, "steps": 2}},
+                              "normalize": 5.0}, "langevin": {"samples": 2, "steps": 2},
+                  "prior": {"descriptions": True}},  # its prior reads descriptions
         "train": TRAIN,
         "evaluate": {"episodes": 10, "queries": 2, "device": "cpu"},
     })
@@ -75,6 +78,74 @@ def test_scores_own_data_with_non_wikidata_labels(trained, tmp_path):
     assert set(metrics["own"]["regrab"]) == {"3w1s", "3w2s"}
     assert (tmp_path / "scores.md").exists()
     assert json.loads(data.read_text()) == raw  # --data is untouched
+
+
+def test_relations_file_names_and_describes_the_data(trained, tmp_path, capsys):
+    """Bare ids as keys: without --relations every way gets the fallback and reads no text;
+    with it, the named relations get a label prior that reads the name and description, and
+    the one the file lacks keeps the fallback."""
+    root, p, _ = trained
+    keys = [f"Q9{i}" for i in range(1, 7)]
+    data = _fewrel_json(tmp_path / "ids.json", toy_table(keys, 8, seed=3))
+    relations = tmp_path / "relations.json"
+    relations.write_text(json.dumps({
+        "Q91": ["verb1 w1", "w2 of the w3"], "Q92": ["verb2", "w4 w5"], "Q93": ["verb3 the w6"],
+        "Q94": ["verb4", ""], "Q95": ["verb5"], "Q42": ["not in the data", "unused"]}))
+    args = ["--data", str(data), "--models", str(root / "models"), "--settings", "3w1s",
+            "--episodes", "10", "--params", str(p), "--methods", "regrab"]
+    plain = score.score([*args, "--out", str(tmp_path / "plain")])["priors"]["regrab"]
+    capsys.readouterr()
+    assert plain["fallback"] == plain["no text"] == 30 and plain["name+description"] == 0
+    got = score.score([*args, "--out", str(tmp_path / "named"), "--relations", str(relations)])
+    printed = capsys.readouterr().out
+    counts = got["priors"]["regrab"]
+    assert set(counts) == set(PRIOR_KINDS) | set(TEXT_KINDS)
+    assert sum(counts[k] for k in PRIOR_KINDS) == sum(counts[k] for k in TEXT_KINDS) == 30
+    assert counts["name+description"] > 0 and counts["name"] > 0
+    assert counts["label"] == counts["name+description"] + counts["name"]
+    assert counts["fallback"] == counts["no text"] > 0  # Q96 only, which the file lacks
+    assert got["texts"] == {"named": 5, "described": 2, "missing": ["Q96"], "unused": 1}
+    assert (f"--relations {relations}: names for 5 of 6 scored relations (2 with a "
+            "description); missing from it: 1 (Q96), named by their key, with no description; "
+            "entries naming no relation of --data: 1") in printed
+    assert ("text read: " + ", ".join(f"{k} {counts[k]}" for k in TEXT_KINDS)) in printed
+    written = json.loads((tmp_path / "named_report.json").read_text())
+    assert written["priors"]["regrab"] == counts
+    assert written["relations"]["texts"] == got["texts"]
+    assert f"regrab ways whose prior read name+description {counts['name+description']}" in (
+        (tmp_path / "named.md").read_text())
+
+
+def test_bad_relations_files_are_one_error_line(trained, tmp_path, capsys):
+    root, p, _ = trained
+    data = _fewrel_json(tmp_path / "d.json", toy_table(["Q91", "Q92", "Q93"], 8, seed=2))
+    bad = tmp_path / "relations.json"
+    args = ["--data", str(data), "--models", str(root / "models"), "--settings", "3w1s",
+            "--episodes", "2", "--params", str(p), "--methods", "regrab"]
+    cases = [
+        ("{not json", "not valid JSON"),
+        ('["Q91"]', "expected a JSON object"),
+        ('{"Q91": ["verb1", 3]}', "not \\[name, description\\]"),
+        ('{"Q91": []}', "not \\[name, description\\]"),
+        ('{"Q91": ["verb1", "a"], "Q91": ["verb1", "b"]}', "'Q91' is given twice with "
+                                                          "different text"),
+        ('{"Q91": ["\\udc80"]}', "lone surrogate"),
+    ]
+    for text, message in cases:
+        bad.write_text(text)
+        with pytest.raises(SystemExit) as exc:
+            score.main([*args, "--out", str(tmp_path / "x"), "--relations", str(bad)])
+        err = capsys.readouterr().err.strip()
+        assert exc.value.code == 2 and err.startswith("error: --relations ")
+        assert "\n" not in err and "Traceback" not in err
+        assert re.search(message, err), err
+    same = tmp_path / "relations_report.json"  # an output that is the relations file
+    same.write_text('{"Q91": ["verb1"]}')
+    with pytest.raises(SystemExit) as exc:
+        score.main([*args, "--out", str(tmp_path / "relations"), "--relations", str(same)])
+    assert exc.value.code == 2 and "is also --relations" in capsys.readouterr().err
+    assert same.read_text() == '{"Q91": ["verb1"]}'
+    assert not list(tmp_path.glob("x*")) and not list(tmp_path.glob("relations.md"))
 
 
 def test_bad_inputs_are_one_line_errors(trained, tmp_path):

@@ -20,8 +20,10 @@ from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_tabl
 RELATIONS = ["P6", "P7", "P8"]
 
 
-def tiny_checkpoint(folder, method="regrab", **langevin):
-    """A tiny untrained checkpoint (random 2-layer BERT, ring graph over P1..P9)."""
+def tiny_checkpoint(folder, method="regrab", prior=None, **langevin):
+    """A tiny untrained checkpoint (random 2-layer BERT, ring graph over P1..P9); ``prior``
+    overrides keys of ``model.prior`` (e.g. ``{"descriptions": True}``; names only by
+    default)."""
     enc = folder / "bert"
     if not enc.exists():
         tiny_encoder(enc)
@@ -29,13 +31,15 @@ def tiny_checkpoint(folder, method="regrab", **langevin):
     graph = RelationGraph.from_tables(read_parquet(gpath), read_parquet(fpath),
                                       read_parquet(labels_of(gpath)))
     cfg = model_config(method, encoder={"name": str(enc), "train_layers": 1},
-                       langevin={"noise_eval": True, "likelihood": "gaussian", **langevin})
+                       langevin={"noise_eval": True, "likelihood": "gaussian", **langevin},
+                       prior={"descriptions": False, **(prior or {})})  # names only unless asked
     torch.manual_seed(1)
     model = build_model(cfg, graph if method == "regrab" else None)
     with torch.no_grad():  # a prior away from zero, so the prior term matters
         for p in model.head.parameters():
             p.add_(0.3 * torch.randn_like(p))
-    path = folder / f"{method}-{'-'.join(f'{k}{v}' for k, v in langevin.items())}.pt"
+    tag = "-".join(f"{k}{v}" for k, v in {**(prior or {}), **langevin}.items())
+    path = folder / f"{method}-{tag}.pt"
     save_checkpoint(path, Checkpoint.of(model, step=0))
     return path
 
@@ -306,6 +310,61 @@ def test_relations_outside_the_graph_are_read_by_name(folder, table):
     summary = pred.set_support({"P6": support["P6"]}, zero_shot=["verb8_w2"])
     assert summary.priors["verb8_w2"] == "label" and summary.zero_shot == ["verb8_w2"]
     assert np.allclose(pred.predict(_queries(table)[0]).probs.sum(1), 1.0)
+
+
+def _prior_means(pred):
+    """The prior mean of every candidate of the support set last given (N, D)."""
+    head, model = pred.model.head, pred.model
+    return head.prior_means(head.prior_states(), model.rows(pred.relations)[None])[0]
+
+
+def test_descriptions_reach_a_prior_that_reads_them(folder, table):
+    """A described relation outside the graph: name+description when the checkpoint reads
+    descriptions (and its prior mean moves), a name alone when it does not (the mean stays).
+    The untrained checkpoint never encoded its graph's labels, so P6's prior reads no text."""
+    support = _support(table, [2, 2, 2])
+    renamed = {"P6": support["P6"], "Q7007": support["P7"], "Q8008": support["P8"]}
+    names = {"Q7007": "verb7", "Q8008": "verb8 w1"}
+    said = {"Q7007": "w3 of the w4; more words", "P6": "w5 w6"}
+    reads = Predictor.from_checkpoint(tiny_checkpoint(folder, prior={"descriptions": True}))
+    assert reads.model.prior.config.descriptions
+    reads.set_support(renamed, names=names)
+    plain = _prior_means(reads)
+    summary = reads.set_support(renamed, names=names, descriptions=said)
+    assert summary.priors == {"P6": "graph", "Q7007": "label", "Q8008": "label"}
+    assert summary.texts == {"P6": "no text", "Q7007": "name+description", "Q8008": "name"}
+    assert summary.text_counts == {"name+description": 1, "name": 1, "no text": 1}
+    described = _prior_means(reads)
+    assert not torch.allclose(described[1], plain[1])  # the description was read
+    torch.testing.assert_close(described[[0, 2]], plain[[0, 2]])  # the others are as before
+    lines = summary.lines()
+    assert any(x.startswith("prior: P6 graph (no text), Q7007 label (name+description), "
+                            "Q8008 label (name) (graph: ") for x in lines)
+    assert "prior text: name+description 1, name 1, no text 1" in "\n".join(lines)
+    # The graph's own label is read for P6, not the text given: a note says so.
+    assert any(x.startswith("descriptions not read: P6 (in the checkpoint's relation graph")
+               for x in lines)
+    # A description with no name to follow (a bare id) is not read either.
+    summary = reads.set_support({"P6": support["P6"], "Q77": support["P7"]},
+                                descriptions={"Q77": "w3 w4"})
+    assert summary.texts["Q77"] == "no text" and summary.priors["Q77"] == "fallback"
+    assert any("Q77 (no name to read them after" in x for x in summary.notes)
+
+    names_only = Predictor.from_checkpoint(tiny_checkpoint(folder))
+    assert not names_only.model.prior.config.descriptions
+    names_only.set_support(renamed, names=names)
+    plain = _prior_means(names_only)
+    summary = names_only.set_support(renamed, names=names, descriptions=said)
+    assert summary.texts == {"P6": "no text", "Q7007": "name", "Q8008": "name"}
+    assert summary.text_counts == {"name+description": 0, "name": 2, "no text": 1}
+    torch.testing.assert_close(_prior_means(names_only), plain)
+    assert any("Q7007 (the checkpoint's prior reads names only" in x for x in summary.notes)
+
+    proto = Predictor.from_checkpoint(tiny_checkpoint(folder, "proto"))
+    summary = proto.set_support(renamed, names=names, descriptions=said)
+    assert summary.texts == {} and summary.text_counts == {}
+    assert not any(x.startswith("prior") for x in summary.lines())
+    assert any("has no prior to read them" in x for x in summary.notes)
 
 
 def test_non_finite_weights_and_outputs_are_refused(folder, table):
