@@ -59,6 +59,11 @@ class TransferSet:
             "pid2name.json format), as a user would write them: the names replace those read "
             "from the keys, and priors with model.prior.descriptions read the descriptions; "
             "null: names from the keys only")
+    benchmarks: tuple[str, ...] = field(
+        default=(),
+        doc="(optional) the benchmarks whose checkpoints are scored on this set (empty: every "
+            "one); e.g. FewRel val_wiki only for FewRel's, whose test relations they are, as "
+            "NYT-25's checkpoints trained on half of them")
     shuffle: bool = field(
         default=False,
         doc="(optional) stress test: each relation gets another relation's id, name and "
@@ -218,6 +223,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = select_device(base.device, f"{args.params} evaluate.device")
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for name, spec in params.sets.items():
+        unknown = sorted(set(spec.benchmarks) - set(benchmarks))
+        if unknown:
+            raise PipelineError(f"transfer.sets.{name}.benchmarks names {unknown}, not in "
+                                f"benchmarks ({', '.join(benchmarks)}); fix the names")
         path = Path(spec.data)
         if not path.is_file():
             raise PipelineError(f"transfer set {name}: {path} not found; add it to "
@@ -225,6 +234,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         table = cut_relations(read_fewshot(path), params.per_relation, params.seed)
         table, descriptions = relation_texts(name, spec, table, params.seed)
         for bench in benchmarks:
+            if spec.benchmarks and bench not in spec.benchmarks:
+                continue
             folder = args.models / bench
             if not folder.is_dir():
                 log.warning("no models for %s under %s; skipped", bench, args.models)

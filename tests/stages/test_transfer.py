@@ -202,3 +202,18 @@ def test_zero_shot_settings_are_scored_by_the_methods_that_can(project, tmp_path
     assert "2w0s" in metrics["other"]["toy"]["regrab"]
     assert "2w0s" not in metrics["other"]["toy"]["proto"]
     assert metrics["vs_regrab"]["other"]["toy"]["proto_minus_regrab"]["2w1s"]["diff"] is not None
+
+
+def test_a_set_scored_for_some_benchmarks_only(project, tmp_path):
+    root, p = project
+    params = yaml.safe_load(p.read_text())
+    params["transfer"]["sets"]["other"]["benchmarks"] = ["nyt25"]  # not the toy benchmark
+    params["benchmarks"]["nyt25"] = {"splits": "nope", "title": "x"}
+    q = tmp_path / "params.yaml"
+    q.write_text(yaml.safe_dump(params))
+    with pytest.raises(PipelineError, match="no benchmark has models"):
+        _run(root, q)  # nyt25 has no models here, and toy is not scored on the set
+    params["transfer"]["sets"]["other"]["benchmarks"] = ["nyt2"]
+    q.write_text(yaml.safe_dump(params))
+    with pytest.raises(PipelineError, match="nyt2.*not in benchmarks"):
+        _run(root, q)
