@@ -1,0 +1,93 @@
+"""Compare two runs of one method on the same episodes: per-episode paired differences.
+
+Two models folders of one benchmark (say the default and a ``dvc exp run -S ...`` variant,
+copied aside) hold checkpoints of the same method trained on the same splits. Each split's
+test episodes are drawn as ``evaluate`` draws them (``params.yaml``'s ``evaluate`` section, so
+the same episodes as the pipeline's metrics), scored with both checkpoints, and the difference
+B - A is reported per setting: the mean over splits, its t 95% interval over splits (two or
+more splits) and the normal 95% interval over the pooled paired episodes.
+
+Usage:
+    python scripts/paired_runs.py --splits data/benchmarks/fewrel --a models-names/fewrel \
+        --b models/fewrel --methods regrab,proto_label --settings 5w0s,5w1s [--out diff.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import stages  # noqa: F401  (declares params.yaml's sections)
+from model.encoder.frozen_cache import LowerCache
+from model.evaluation.config import EvalConfig
+from model.evaluation.splits import evaluate_split
+from pipeline import report
+from pipeline.config import load_section, set_threads
+from pipeline.errors import PipelineError, run_cli
+
+
+def episodes_of(models: Path, split_dir: Path, index: int, cfg: EvalConfig
+                ) -> dict[str, dict[str, np.ndarray]]:
+    """``{method: {setting: per-episode accuracy}}`` of one split's checkpoints."""
+    with torch.no_grad():
+        cells, _ = evaluate_split(split_dir, models, cfg, "cpu", LowerCache(), index)
+    return {m: {s: np.asarray(c["episodes"], float) for s, c in row.items()}
+            for m, row in cells.items()}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--splits", type=Path, required=True, help="the benchmark's split folders")
+    parser.add_argument("--a", type=Path, required=True, help="models folder of run A")
+    parser.add_argument("--b", type=Path, required=True, help="models folder of run B")
+    parser.add_argument("--methods", required=True, help="comma-separated methods")
+    parser.add_argument("--settings", required=True, help="comma-separated {N}w{K}s")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--out", type=Path, default=None, help="JSON of the differences")
+    args = parser.parse_args(argv)
+    base = load_section(EvalConfig, "evaluate", args.params)
+    cfg = dataclasses.replace(base, methods=tuple(args.methods.split(",")),
+                              settings=tuple(args.settings.split(",")), nota_rates=(),
+                              nota_settings=(), floor=False, temperature_episodes=0, splits=())
+    set_threads(base.threads)
+    names = sorted(p.name for p in args.splits.glob("split_*")
+                   if (args.a / p.name).is_dir() and (args.b / p.name).is_dir())
+    if not names:
+        raise PipelineError(f"no split of {args.splits} has models under both {args.a} and "
+                            f"{args.b}; give two models folders of this benchmark")
+    diffs: dict[str, dict[str, dict[str, np.ndarray]]] = {}
+    for name in names:
+        index = int(name.rsplit("_", 1)[-1])
+        a = episodes_of(args.a, args.splits / name, index, cfg)
+        b = episodes_of(args.b, args.splits / name, index, cfg)
+        for m in cfg.methods:
+            for s in a.get(m, {}):
+                if s in b.get(m, {}):
+                    d = (b[m][s] - a[m][s]) * 100
+                    diffs.setdefault(m, {}).setdefault(s, {})[name] = d
+    out: dict = {}
+    for m, by_setting in diffs.items():
+        for s, by_split in by_setting.items():
+            means = [float(d.mean()) for d in by_split.values()]
+            pooled = np.concatenate(list(by_split.values()))
+            out.setdefault(m, {})[s] = {
+                "diff": round(float(np.mean(means)), 2),
+                "ci95": (round(report.interval(means)["ci95"], 2) if len(means) > 1 else None),
+                "episode_ci95": round(report.normal_ci95(pooled), 2),
+                "per_split": {k: round(v, 2) for k, v in zip(by_split, means, strict=True)}}
+            row = out[m][s]
+            between = f" ± {row['ci95']:.2f} over splits" if row["ci95"] is not None else ""
+            print(f"{m} {s}: B - A = {row['diff']:+.2f}{between} "
+                  f"(± {row['episode_ci95']:.2f} over {len(pooled)} paired episodes)")
+    if args.out is not None:
+        args.out.write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    run_cli(main)

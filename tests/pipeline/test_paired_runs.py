@@ -1,0 +1,61 @@
+"""scripts/paired_runs.py: two runs of a method scored on the same episodes."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.errors import PipelineError
+from stages import train
+from tests.conftest import project_params
+from tests.model.tiny_regrab import labels_of, toy_project
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import paired_runs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("paired")
+    enc, splits, graph, features = toy_project(root, n_splits=2)
+    params = project_params(**{
+        "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
+                              "normalize": 5.0}, "langevin": {"samples": 2, "steps": 2}},
+        "train": {"methods": ["regrab", "proto"], "steps": 2, "ways": [2, 3], "shots": [1, 2],
+                  "queries": 2, "val_every": 2, "val_episodes": 3, "val_settings": ["2w1s"],
+                  "dvclive": False, "device": "cpu"},
+        "evaluate": {"queries": 2, "device": "cpu", "episodes": 6},
+    })
+    p = root / "params.yaml"
+    p.write_text(yaml.safe_dump(params))
+    train.main(["--splits", str(splits), "--graph", str(graph), "--features", str(features),
+                "--relations", str(labels_of(graph)), "--out", str(root / "a"), "--params",
+                str(p)])
+    shutil.copytree(root / "a", root / "b")
+    # Run B lacks proto.
+    for split in ("split_0", "split_1"):
+        shutil.rmtree(root / "b" / split / "proto")
+    return root, splits, p
+
+
+def test_the_same_run_twice_differs_by_nothing(runs):
+    root, splits, p = runs
+    out = paired_runs.main(["--splits", str(splits), "--a", str(root / "a"), "--b",
+                            str(root / "a"), "--methods", "regrab,proto", "--settings",
+                            "2w1s,2w0s", "--params", str(p)])
+    assert set(out) == {"regrab", "proto"} and set(out["regrab"]) == {"2w1s", "2w0s"}
+    for row in (out["regrab"]["2w1s"], out["proto"]["2w1s"]):
+        assert row["diff"] == 0.0 and row["ci95"] == 0.0 and row["episode_ci95"] == 0.0
+        assert set(row["per_split"]) == {"split_0", "split_1"}
+
+
+def test_a_method_missing_from_one_run_is_an_error(runs):
+    root, splits, p = runs
+    with pytest.raises(PipelineError, match="proto"):
+        paired_runs.main(["--splits", str(splits), "--a", str(root / "a"), "--b",
+                          str(root / "b"), "--methods", "regrab,proto", "--settings", "2w1s",
+                          "--params", str(p)])
