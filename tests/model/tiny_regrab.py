@@ -110,6 +110,19 @@ def toy_project(root: Path, n_splits: int = 1) -> tuple[Path, Path, Path, Path]:
     return enc, splits, graph, features
 
 
+def toy_train_sections(enc: Path) -> dict:
+    """``params.yaml`` sections that train a toy project's regrab and proto in seconds (for
+    :func:`tests.conftest.project_params`)."""
+    return {
+        "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
+                              "normalize": 5.0}, "langevin": {"samples": 2, "steps": 2}},
+        "train": {"methods": ["regrab", "proto"], "steps": 2, "ways": [2, 3], "shots": [1, 2],
+                  "queries": 2, "val_every": 2, "val_episodes": 3, "val_settings": ["2w1s"],
+                  "dvclive": False, "device": "cpu"},
+        "evaluate": {"queries": 2, "device": "cpu"},
+    }
+
+
 @contextmanager
 def registered(*methods):
     """Register ``methods`` (:class:`model.methods.registry.Method`) for the length of a test.

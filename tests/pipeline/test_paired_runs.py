@@ -12,7 +12,7 @@ import yaml
 from pipeline.errors import PipelineError
 from stages import train
 from tests.conftest import project_params
-from tests.model.tiny_regrab import labels_of, toy_project
+from tests.model.tiny_regrab import labels_of, toy_project, toy_train_sections
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import paired_runs  # noqa: E402
@@ -22,14 +22,9 @@ import paired_runs  # noqa: E402
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("paired")
     enc, splits, graph, features = toy_project(root, n_splits=2)
-    params = project_params(**{
-        "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
-                              "normalize": 5.0}, "langevin": {"samples": 2, "steps": 2}},
-        "train": {"methods": ["regrab", "proto"], "steps": 2, "ways": [2, 3], "shots": [1, 2],
-                  "queries": 2, "val_every": 2, "val_episodes": 3, "val_settings": ["2w1s"],
-                  "dvclive": False, "device": "cpu"},
-        "evaluate": {"queries": 2, "device": "cpu", "episodes": 6},
-    })
+    sections = toy_train_sections(enc)
+    sections["evaluate"]["episodes"] = 6
+    params = project_params(**sections)
     p = root / "params.yaml"
     p.write_text(yaml.safe_dump(params))
     train.main(["--splits", str(splits), "--graph", str(graph), "--features", str(features),

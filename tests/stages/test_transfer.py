@@ -11,7 +11,7 @@ from pipeline.io import write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 from stages import train, transfer
 from tests.conftest import project_params
-from tests.model.tiny_regrab import labels_of, toy_project, toy_table
+from tests.model.tiny_regrab import labels_of, toy_project, toy_table, toy_train_sections
 
 RELATIONS = ["P6", "P7", "P8"]
 
@@ -32,12 +32,7 @@ def project(tmp_path_factory):
     root = tmp_path_factory.mktemp("transfer")
     enc, splits, graph, features = toy_project(root, n_splits=2)
     params = project_params(**{
-        "model": {"encoder": {"name": str(enc), "train_layers": 1, "freeze_top_kv": True,
-                              "normalize": 5.0}, "langevin": {"samples": 2, "steps": 2}},
-        "train": {"methods": ["regrab", "proto"], "steps": 2, "ways": [2, 3],
-                  "shots": [1, 2], "queries": 2, "val_every": 2, "val_episodes": 3,
-                  "val_settings": ["2w1s"], "dvclive": False, "device": "cpu"},
-        "evaluate": {"queries": 2, "device": "cpu"},
+        **toy_train_sections(enc),
         "benchmarks": {"toy": {"splits": str(splits), "title": "toy"}},
         "transfer": {"sets": {"other": {"data": str(_named_set(root / "other.parquet")),
                                         "title": "another domain"}},
