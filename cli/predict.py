@@ -42,7 +42,7 @@ from model.predict.predictor import NonFinite, Predictor
 from model.predict.sentences import Sentence, has_sentence, parse_sentence
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError
-from pipeline.fewrel import load_relation_texts
+from pipeline.fewrel import NO_DESCRIPTION, load_relation_texts
 
 SHOWN_SKIPS = 5
 
@@ -146,6 +146,8 @@ def _entry(value: Any) -> tuple[str, str | None] | Any:
             and all(isinstance(v, str) for v in value)):
         return value
     description = " ".join(value[1].split()) if len(value) == 2 else ""
+    if description.lower() in NO_DESCRIPTION:  # FewRel's placeholder, as the loader reads it
+        description = ""
     return " ".join(value[0].split()), description or None
 
 

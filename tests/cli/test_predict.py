@@ -240,3 +240,16 @@ def test_bad_relations_files_are_one_error_line(files, capsys, tmp_path):
     main(["--checkpoint", str(files["ckpt"]), "--support", str(support), "--relations",
           str(bad), "--queries", str(files["queries"]), "--out", str(out), "--device", "cpu"])
     assert "Q7007 label (name)" in capsys.readouterr().out
+
+
+def test_fewrels_no_description_placeholder_is_no_description(tmp_path):
+    """FewRel's own pid2name.json writes "No description defined" where Wikidata has none: read
+    as no description, not as a key given twice with different text."""
+    from cli.predict import read_relation_texts
+
+    path = tmp_path / "pid2name.json"
+    path.write_text('{"P2389": ["organization directed from the office or person", '
+                    '"No description defined"], "P17": ["country", "sovereign state"]}')
+    assert read_relation_texts(path) == {
+        "P2389": ("organization directed from the office or person", None),
+        "P17": ("country", "sovereign state")}
