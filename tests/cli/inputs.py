@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from model.predict.sentences import parse_sentence
 from tests.model.tiny_regrab import toy_table
@@ -21,3 +24,14 @@ def write_predict_inputs(root: Path) -> list[dict]:
     (root / "support.jsonl").write_text("".join(json.dumps(s) + "\n" for s in support))
     (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
     return rows
+
+
+def one_error(capsys, call: Callable[[], object], code: int = 2) -> str:
+    """Run a command's ``call``: it must exit ``code`` with exactly one ``error:`` line on
+    stderr and no traceback; returns that line."""
+    with pytest.raises(SystemExit) as exc:
+        call()
+    assert exc.value.code == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    return err.strip()

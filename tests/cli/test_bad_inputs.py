@@ -12,6 +12,7 @@ import yaml
 
 from cli import predict, score
 from model.files.checkpoint import MODEL_FILE
+from tests.cli.inputs import one_error as _one_error
 from tests.cli.inputs import write_predict_inputs
 from tests.conftest import project_params
 from tests.model.test_predictor import tiny_checkpoint
@@ -33,15 +34,6 @@ def _argv(files, out, queries=None, support=None):
     return ["--checkpoint", str(files["ckpt"]), "--support", str(support or files["support"]),
             "--queries", str(queries or files["queries"]), "--out", str(out),
             "--device", "cpu"]
-
-
-def _one_error(capsys, call) -> str:
-    with pytest.raises(SystemExit) as exc:
-        call()
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
-    return err.strip()
 
 
 # --------------------------------------------------------------------- span positions (8)

@@ -22,6 +22,7 @@ from cli.text import EscapingStream, lone_surrogate, printable
 from model.files.checkpoint import MODEL_FILE
 from pipeline.errors import PipelineError
 from tests.cli.inputs import RELATIONS, write_predict_inputs
+from tests.cli.inputs import one_error as _one_error
 from tests.conftest import project_params
 from tests.model.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
@@ -66,15 +67,6 @@ def _score_argv(files, out, data=None, *extra):
     return ["--data", str(data or files["val"]), "--models", str(files["models"]),
             "--out", str(out), "--methods", "regrab", "--settings", "3w1s",
             "--params", str(files["params"]), *extra]
-
-
-def _one_error(capsys, call) -> str:
-    with pytest.raises(SystemExit) as exc:
-        call()
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
-    return err.strip()
 
 
 def _last_error(capsys, call) -> str:

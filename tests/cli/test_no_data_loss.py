@@ -19,6 +19,7 @@ from cli import fewrel_test, guard, models, predict, score
 from model.files import model_folder
 from pipeline.errors import INTERRUPTED, PipelineError
 from pipeline.io import atomic_path, atomic_paths
+from tests.cli.inputs import one_error as _one_error
 from tests.cli.inputs import write_predict_inputs
 from tests.model.test_predictor import tiny_checkpoint
 
@@ -39,15 +40,6 @@ def files(tmp_path_factory):
     (root / "val.json").write_text(json.dumps(fewrel))
     return {"root": root, "ckpt": tiny_checkpoint(root), "support": root / "support.jsonl",
             "queries": root / "queries.jsonl", "val": root / "val.json"}
-
-
-def _one_error(capsys, call, code: int = 2) -> str:
-    with pytest.raises(SystemExit) as exc:
-        call()
-    assert exc.value.code == code
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
-    return err.strip()
 
 
 def _tree(folder: Path) -> dict[str, str | None]:
