@@ -119,8 +119,10 @@ def log_predictive_batches(
     relation_rows: torch.Tensor,
     batch_size: int = 250,
     generator: torch.Generator | None = None,
+    samples: bool = False,
 ) -> Iterator[torch.Tensor]:
-    """The one episode loop: log-predictive of every query, ``batch_size`` episodes at a time.
+    """The one episode loop: log-predictive of every query, ``batch_size`` episodes at a time
+    (with ``samples``, the per-sample logits it averages instead).
 
     Batches are drawn in order with one generator, so every caller
     (:func:`episode_accuracy`, :func:`model.evaluation.scoring.score_episodes`) gives the
@@ -135,10 +137,12 @@ def log_predictive_batches(
         relation_rows: graph row of each sampler relation (-1 unknown; ignored without prior).
         batch_size: episodes per forward pass.
         generator: seeds the posterior samples of a head that samples at evaluation.
+        samples: yield ``head.sample_logits`` (the log-predictive is
+            :func:`model.methods.base.mc_log_predictive` of them, for every head).
 
     Shapes:
         encodings: (n, D), relation: (B, N), support: (B, N, K), query: (B, Q)
-        -> one (B_batch, Q, N) tensor per batch
+        -> one (B_batch, Q, N) tensor per batch ((B_batch, S, Q, N) with ``samples``)
     """
     dev = encodings.device
     states = head.prior_states()
@@ -147,7 +151,8 @@ def log_predictive_batches(
         sup = encodings[torch.from_numpy(support[start:stop]).to(dev)]  # (B, N, K, D)
         qry = encodings[torch.from_numpy(query[start:stop]).to(dev)]  # (B, Q, D)
         rows = relation_rows.to(dev)[torch.from_numpy(relation[start:stop]).to(dev)]  # (B, N)
-        yield head.log_predictive(sup, qry, head.prior_means(states, rows), generator)
+        h = head.prior_means(states, rows)
+        yield (head.sample_logits if samples else head.log_predictive)(sup, qry, h, generator)
 
 
 @torch.no_grad()

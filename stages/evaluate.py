@@ -27,7 +27,7 @@ from model.encoder.frozen_cache import LowerCache
 from model.evaluation.config import EvalConfig
 from model.evaluation.splits import evaluate_split, merge_shares, method_shares
 from model.training.config import ComparisonConfig, load_comparison
-from pipeline import report
+from pipeline import detection, report
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.fewrel import load_relation_texts
@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="reliability diagrams (default: <plot stem>_reliability.png)")
     parser.add_argument("--selective", type=Path, default=None,
                         help="selective-prediction curves CSV (default: <plot stem>_selective.csv)")
+    parser.add_argument("--roc", type=Path, default=None,
+                        help="out-of-set detection ROC curves CSV (default: <plot stem>"
+                             "_detection.csv)")
     parser.add_argument("--benchmark", default="nyt25",
                         help="name of the benchmark: prefix of the headline metrics, plot title")
     parser.add_argument("--relations", type=Path, default=None,
@@ -124,7 +127,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                args.report or args.metrics.with_name(args.metrics.stem + "_report.json"),
                args.table or args.metrics.with_suffix(".md"), args.plot,
                args.reliability or args.plot.with_name(args.plot.stem + "_reliability.png"),
-               args.selective or args.plot.with_name(args.plot.stem + "_selective.csv")]
+               args.selective or args.plot.with_name(args.plot.stem + "_selective.csv"),
+               args.roc or args.plot.with_name(args.plot.stem + "_detection.csv")]
     for path in outputs:  # what a kill during the last write left, as train removes its own
         remove_stale_temporaries(path.parent, [path.name])
     t0 = time.perf_counter()
@@ -133,9 +137,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     said = {} if args.relations is None else {
         r: d for r, (_, d) in load_relation_texts(args.relations).items()}
     per_split, nota = score_jobs(jobs, args.models, cfg, device, said)
-    summary = report.summarise(per_split, nota)
+    summary = report.summarise(per_split, nota) | detection.summarise_uncertainty(per_split, nota)
     metrics = report.headline_metrics(summary, args.benchmark,
                                       (*cfg.methods, *comparison.methods))
+    metrics |= detection.headline_detection(summary)
     settings = list(cfg.settings)
     note = (f"Test relations of {len(names)} split(s), {cfg.episodes} episodes per setting "
             f"and split, {cfg.queries} queries per way. `floor`: frozen pre-trained encoder, "
@@ -145,13 +150,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # All outputs are renamed into place together at the end: a failed write (disk full)
     # leaves the previous metrics, tables and plots, never new metrics beside old plots.
     with atomic_paths(*outputs) as (metrics_tmp, report_tmp, table_tmp, plot_tmp,
-                                    reliability_tmp, selective_tmp):
+                                    reliability_tmp, selective_tmp, roc_tmp):
         report.write_json_ordered(metrics, metrics_tmp)
         report.write_json_ordered(summary, report_tmp)
-        table_tmp.write_text(report.markdown_report(summary, settings, note))
+        table_tmp.write_text(report.markdown_report(summary, settings, note)
+                             + "\n".join(detection.markdown_detection(summary)) + "\n")
         report.plot_accuracy(summary, settings, plot_tmp, args.benchmark)
         report.plot_reliability(summary, list(cfg.methods), settings, reliability_tmp)
         report.write_selective_csv(summary, selective_tmp)
+        detection.write_roc_csv(summary, roc_tmp)
     log.info("evaluate done in %.0f s", time.perf_counter() - t0)
     return metrics
 

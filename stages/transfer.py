@@ -36,7 +36,7 @@ import torch
 from model.episodes import Setting
 from model.evaluation.splits import EvalConfig
 from model.evaluation.transfer import checkpoints, cut_relations, score_table
-from pipeline import report
+from pipeline import detection, report
 from pipeline.config import field, load_benchmarks, load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.fewrel import load_relation_texts
@@ -69,6 +69,12 @@ class TransferSet:
         doc="(optional) stress test: each relation gets another relation's id, name and "
             "description (a seeded derangement), so every prior points at the wrong relation "
             "while the sentences stay")
+    nota: bool = field(
+        default=False,
+        doc="(optional) also score out-of-set detection and temperature scaling here "
+            "(evaluate.nota_rates and nota_settings); with no validation relations in the set, "
+            "thresholds, temperatures and the best uncertainty score are chosen on other "
+            "episodes of the same relations")
 
 
 @register_section("transfer")
@@ -174,7 +180,12 @@ def headline(results: dict[str, dict[str, dict[str, Any]]],
                         "ci95": None if c["ci95"] is None else round(c["ci95"], 2)}
                     for s, c in row.items()}
                 for k, row in summary["paired"].items() if not k.startswith("floor")}
+    uncertainty = {name: {bench: detection.headline_detection(summary)
+                          for bench, summary in by_bench.items()
+                          if detection.headline_detection(summary)}
+                   for name, by_bench in results.items()}
     return {**acc, "paired": paired, "vs_regrab": vs_regrab, "ece": ece, "priors": priors,
+            "uncertainty": {k: v for k, v in uncertainty.items() if v},
             "shuffled": sorted(shuffled or [])}
 
 
@@ -191,7 +202,9 @@ def markdown(results: dict[str, dict[str, dict[str, Any]]], params: TransferPara
                     + "; ".join(f"{m}: " + ", ".join(f"{k} {n}" for k, n in c.items())
                                 for m, c in summary["priors"].items()))
             parts.append(f"## {name}, {bench} checkpoints\n\n"
-                         + report.markdown_report(summary, list(params.settings), note))
+                         + report.markdown_report(summary, list(params.settings), note)
+                         + "\n".join(detection.markdown_detection(
+                             summary, "other episodes of the same relations")) + "\n")
             rows = [[k] + [f"{c[s]['diff']:+.2f} ± {_ci(c[s]):.2f}" if s in c else "–"
                            for s in params.settings]
                     for k, c in summary["vs_floor"].items()]
@@ -249,7 +262,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 out = score_table(f"{name} ({path})", table, folder, base, settings, device,
                                   methods=methods or None, episodes=params.episodes,
                                   listed=table.column("relation").to_pylist(),
-                                  workers=base.workers, descriptions=descriptions)
+                                  workers=base.workers, descriptions=descriptions,
+                                  nota=spec.nota)
             results.setdefault(name, {})[bench] = out["summary"]
     if not results:
         raise PipelineError(f"no benchmark has models under {args.models}; run dvc repro train")

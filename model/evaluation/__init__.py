@@ -4,7 +4,8 @@ Modules:
     config: the ``evaluate`` params section.
     splits: loading a split's models and scoring every method on the same episodes.
     split_episodes: a split's episodes, drawn once, and one head's cells on them.
-    scoring: per-query scores, calibration and NOTA measures.
+    scoring: per-query predictions, calibration and NOTA measures.
+    uncertainty: every uncertainty score of a query, and out-of-set detection measures.
     calibration: the validation temperature.
     nota: "none of the above" episodes.
     transfer: scoring checkpoints on another domain (SemEval).

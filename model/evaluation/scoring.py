@@ -5,8 +5,7 @@ Pure functions on arrays, shared by :mod:`model.evaluation.splits` and the predi
 * :func:`score_episodes` runs a head over cached encodings and returns the predictive
   log-probabilities of every query (REGRAB: the average over its S posterior samples, Eq. 11;
   proto and mtb: their softmax) and :class:`EpisodeScores` (prediction, confidence, label).
-* :func:`predictive_probs`, :func:`predictive_entropy`, :func:`mutual_information`: the
-  predictive distribution and its uncertainty from per-sample logits.
+* the uncertainty scores of every query come from :mod:`model.evaluation.uncertainty`.
 * :func:`reliability_bins`, :func:`expected_calibration_error`: calibration of the
   max-probability confidence in equal-width bins (Guo et al., 2017; 15 bins by default).
 * :func:`selective_accuracy`, :func:`aurc`: accuracy when abstaining on the least confident
@@ -22,13 +21,15 @@ Shapes:
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from model.episodes import log_predictive_batches
+from model.evaluation.uncertainty import mc_log_probs, uncertainty_scores
 
 #: Label of a query whose relation is none of the episode's N ways (NOTA episodes).
 OUTSIDE = -1
@@ -42,11 +43,14 @@ class EpisodeScores:
         prediction: (B, Q) index of the predicted way.
         confidence: (B, Q) predictive probability of that way.
         label: (B, Q) index of the true way, :data:`OUTSIDE` for a NOTA query.
+        uncertainty: score name -> (B, Q) (:func:`model.evaluation.uncertainty.uncertainty_scores`;
+            empty when not computed).
     """
 
     prediction: np.ndarray
     confidence: np.ndarray
     label: np.ndarray
+    uncertainty: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def correct(self) -> np.ndarray:
@@ -81,7 +85,8 @@ def score_episodes(
     batch_size: int = 250,
     generator: torch.Generator | None = None,
 ) -> tuple[np.ndarray, EpisodeScores]:
-    """Predictive log-probabilities of every query, computed from cached encodings.
+    """Predictive log-probabilities of every query, computed from cached encodings, and
+    every uncertainty score of every query.
 
     The batches come from :func:`model.episodes.log_predictive_batches`, the loop
     :func:`model.episodes.episode_accuracy` runs too.
@@ -101,10 +106,18 @@ def score_episodes(
         encodings: (n, D), relation: (B, N), support: (B, N, K), query: (B, Q),
         label: (B, Q) -> log-probabilities (B, Q, N) and scores of (B, Q)
     """
-    parts = [log_p.float().cpu().numpy() for log_p in log_predictive_batches(
-        head, encodings, relation, support, query, relation_rows, batch_size, generator)]
+    parts: list[np.ndarray] = []
+    scores: dict[str, list[np.ndarray]] = {}
+    for logits in log_predictive_batches(head, encodings, relation, support, query,
+                                         relation_rows, batch_size, generator, samples=True):
+        log_p = mc_log_probs(logits)
+        parts.append(log_p.float().cpu().numpy())
+        for name, value in uncertainty_scores(logits, log_p=log_p).items():
+            scores.setdefault(name, []).append(value.cpu().numpy())
     log_p = np.concatenate(parts) if parts else np.zeros((0, query.shape[1], relation.shape[1]))
-    return log_p, scores_from_log_probs(log_p, label)
+    out = scores_from_log_probs(log_p, label)
+    return log_p, dataclasses.replace(out, uncertainty={k: np.concatenate(v)
+                                                        for k, v in scores.items()})
 
 
 def scores_from_log_probs(log_p: np.ndarray, label: np.ndarray) -> EpisodeScores:
@@ -116,40 +129,6 @@ def scores_from_log_probs(log_p: np.ndarray, label: np.ndarray) -> EpisodeScores
     prediction = log_p.argmax(-1)
     confidence = np.exp(np.take_along_axis(log_p, prediction[..., None], -1)[..., 0])
     return EpisodeScores(prediction, np.clip(confidence, 0.0, 1.0), np.asarray(label))
-
-
-def predictive_probs(sample_logits: torch.Tensor) -> torch.Tensor:
-    """The predictive distribution: the softmax of every sample, averaged over the samples.
-
-    A head without samples (proto, mtb) gives S = 1, i.e. its plain softmax.
-
-    Shapes:
-        sample_logits: (..., S, Q, N) -> (..., Q, N)
-    """
-    return torch.softmax(sample_logits, dim=-1).mean(-3)
-
-
-def predictive_entropy(probs: torch.Tensor) -> torch.Tensor:
-    """Entropy (nats) of a distribution over the last axis: total predictive uncertainty.
-
-    Shapes:
-        probs: (..., N) -> (...)
-    """
-    return -(probs * torch.log(probs.clamp_min(1e-12))).sum(-1)
-
-
-def mutual_information(sample_logits: torch.Tensor) -> torch.Tensor:
-    """Mutual information between the prediction and the prototypes (nats, BALD).
-
-    ``H[mean_s p_s] - mean_s H[p_s]``: the part of the predictive entropy that comes from
-    disagreement between posterior samples; 0 for S = 1.
-
-    Shapes:
-        sample_logits: (..., S, Q, N) -> (..., Q)
-    """
-    p = torch.softmax(sample_logits, dim=-1)  # (..., S, Q, N)
-    total = predictive_entropy(p.mean(-3))
-    return (total - predictive_entropy(p).mean(-2)).clamp_min(0.0)
 
 
 def reliability_bins(

@@ -38,6 +38,14 @@ from model.evaluation.scoring import (
     scores_from_log_probs,
     selective_accuracy,
 )
+from model.evaluation.uncertainty import (
+    POINT_SCORES,
+    SCORES,
+    TEMPERED_SCORES,
+    detection,
+    roc_points,
+    select_scores,
+)
 from model.prior.gcn import GraphPrior
 from model.prior.labels import PRIOR_KINDS, TEXT_KINDS, relation_name
 from pipeline import report
@@ -56,6 +64,34 @@ def cell(scores: EpisodeScores, bins: int) -> dict[str, Any]:
     return {"episodes": scores.accuracy(), "ece": expected_calibration_error(conf, hit, bins),
             "aurc": aurc(conf, hit), "curve": selective_accuracy(conf, hit, report.COVERAGES),
             "bins": reliability_bins(conf, hit, bins)}
+
+
+def selective_cells(scores: dict[str, np.ndarray], correct: np.ndarray) -> dict[str, Any]:
+    """Per uncertainty score: AURC (%) and accuracy (%) on the 80% of queries it is surest of."""
+    return {k: {"aurc": aurc(-v, correct),
+                "acc80": float(selective_accuracy(-v, correct, np.array([0.8]))[0])}
+            for k, v in scores.items()}
+
+
+def detection_cell(test: dict[str, np.ndarray], outside: np.ndarray,
+                   val: dict[str, np.ndarray], val_outside: np.ndarray) -> dict[str, Any]:
+    """Out-of-set detection by every score on test, and the scores chosen on validation.
+
+    ``best`` is the score with the highest validation AUROC among all the head's scores,
+    ``best_point`` among those a point estimate has too (raw and tempered probabilities);
+    ``roc`` is the test ROC curve of ``best`` (:func:`model.evaluation.uncertainty.roc_points`).
+    """
+    det = {k: detection(v, outside) for k, v in test.items()}
+    val_auroc = {k: detection(v, val_outside)["auroc"] for k, v in val.items()}
+
+    def chosen(names: tuple[str, ...]) -> str:
+        pool = [k for k in names if k in val_auroc and not np.isnan(val_auroc[k])]
+        return max(pool, key=lambda k: val_auroc[k]) if pool else "max_prob"
+
+    best = chosen(SCORES)
+    return {"detection": det, "best": best,
+            "best_point": chosen((*POINT_SCORES, *TEMPERED_SCORES)),
+            "roc": roc_points(test[best], outside).tolist()}
 
 
 def _generator(device: Any, *key: int) -> torch.Generator:
@@ -82,7 +118,10 @@ class SplitEpisodes:
             test: the split's test sentences (``FEWSHOT_SCHEMA``).
             cfg: the ``evaluate`` section.
             split_index: the split's number, part of every episode seed.
-            val: the split's validation sentences; needed when ``cfg.nota``.
+            val: the split's validation sentences; needed when ``cfg.nota``. ``test`` itself
+                for data without validation relations (a transfer set): NOTA thresholds,
+                temperatures and best scores are then chosen on other episodes of the same
+                relations (other seeds), never on the scored ones.
         """
         self.name, self.cfg, self.index = split, cfg, split_index
         self.n_test = test.num_rows
@@ -110,9 +149,13 @@ class SplitEpisodes:
                 raise PipelineError(f"{split} has no validation sentences to choose NOTA "
                                     "thresholds on; set evaluate.nota_rates to []")
             return
-        self.val = EpisodeSampler(val.column("relation").to_pylist(),
-                                  f"{split} validation split")
-        self.table = pa.concat_tables([test, val])  # val rows follow the test rows
+        shared = val is test
+        what = "episodes for choices" if shared else "validation split"
+        self.val = EpisodeSampler(val.column("relation").to_pylist(), f"{split} {what}")
+        #: First row of the validation sentences in :attr:`table` (0: they are the test ones).
+        self.val_start = 0 if shared else self.n_test
+        # Validation rows follow the test rows (unless they are the same sentences).
+        self.table = test if shared else pa.concat_tables([test, val])
         if cfg.temperature_episodes > 0 and len(self.val.relations) >= 2:
             for name in cfg.settings:
                 s = Setting.parse(name)
@@ -206,38 +249,48 @@ class SplitEpisodes:
             width = query.shape[1]
             # The seeded generator is consumed by the support's samples only, so plain scores
             # do not change when NOTA queries ride along.
-            log_p, _ = score_episodes(
+            log_p, scores = score_episodes(
                 head, test_enc, ep.relation, ep.support,
                 np.concatenate([query, *(e.query for e in extra)], 1),
                 np.concatenate([label, *(e.label for e in extra)], 1), test_rows,
                 cfg.batch_episodes, _generator(enc.device, cfg.seed, self.index, self.key(name)))
+            tau = None
             if name in cfg.settings:
-                cells[name] = cell(scores_from_log_probs(log_p[:, :width], label), bins)
+                plain = scores_from_log_probs(log_p[:, :width], label)
+                cells[name] = cell(plain, bins)
                 if name in self.calib:
                     cells[name].update(self._tempered(head, enc, rows_of, name,
                                                       log_p[:, :width], label, bins))
+                    tau = cells[name]["temperature"]
+                cells[name]["uncertainty"] = selective_cells(
+                    select_scores(scores.uncertainty, slice(0, width), tau, log_p), plain.correct)
             if not extra:
                 continue
             val_eps = self.nota_val[name]
             i = cfg.nota_settings.index(name)
-            val_log_p, _ = score_episodes(
-                head, enc[self.n_test:], val_eps[0].relation, val_eps[0].support,
+            val_log_p, val_all = score_episodes(
+                head, enc[self.val_start:], val_eps[0].relation, val_eps[0].support,
                 np.concatenate([e.query for e in val_eps], 1),
                 np.concatenate([e.label for e in val_eps], 1), rows_of(self.val.relations),
                 cfg.batch_episodes, _generator(enc.device, cfg.seed, self.index, 2000 + i))
             for j, rate in enumerate(cfg.nota_rates):
                 m, mv = extra[j].query.shape[1], val_eps[j].query.shape[1]  # fewer val ways
-                val_scores = scores_from_log_probs(val_log_p[:, j * mv:(j + 1) * mv],
-                                                   val_eps[j].label)
+                val_cols = slice(j * mv, (j + 1) * mv)
+                val_scores = scores_from_log_probs(val_log_p[:, val_cols], val_eps[j].label)
                 threshold = best_threshold(val_scores)
-                start = width + j * m
-                test_scores = scores_from_log_probs(log_p[:, start:start + m], extra[j].label)
+                cols = slice(width + j * m, width + (j + 1) * m)
+                test_scores = scores_from_log_probs(log_p[:, cols], extra[j].label)
                 nota[nota_key(name, rate)] = {
                     "acc": float(nota_correct(test_scores, threshold).mean() * 100),
                     "threshold": threshold,
                     "abstained": float((test_scores.confidence < threshold).mean()),
                     "outside": float((extra[j].label == OUTSIDE).mean()),
-                    "val_ways": int(val_eps[j].relation.shape[1])}
+                    "val_ways": int(val_eps[j].relation.shape[1]),
+                    **detection_cell(
+                        select_scores(scores.uncertainty, cols, tau, log_p),
+                        extra[j].label == OUTSIDE,
+                        select_scores(val_all.uncertainty, val_cols, tau, val_log_p),
+                        val_eps[j].label == OUTSIDE)}
         return cells, nota
 
     def _tempered(self, head: torch.nn.Module, enc: torch.Tensor,
@@ -248,7 +301,7 @@ class SplitEpisodes:
         ep = self.calib[name]
         query, val_label = flat_queries(ep.query)
         val_log_p, _ = score_episodes(
-            head, enc[self.n_test:], ep.relation, ep.support, query, val_label,
+            head, enc[self.val_start:], ep.relation, ep.support, query, val_label,
             rows_of(self.val.relations), self.cfg.batch_episodes,
             _generator(enc.device, self.cfg.seed, self.index, 3000 + self.key(name)))
         tau = fit_temperature(torch.from_numpy(np.asarray(val_log_p)), val_label)

@@ -32,6 +32,7 @@ from model.evaluation.splits import FLOOR, evaluate_episodes, merge_shares, meth
 from model.files.checkpoint import MODEL_FILE, model_file, read_checkpoint
 from model.methods import registry
 from pipeline import report
+from pipeline.detection import summarise_uncertainty
 from pipeline.errors import PipelineError
 from pipeline.workers import run_jobs, usable_workers
 
@@ -121,7 +122,8 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
                 settings: list[Setting], device: str, methods: list[str] | None = None,
                 episodes: int | None = None, keep_trained: bool = False,
                 listed: Iterable[str] = (), workers: int = 1,
-                descriptions: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+                descriptions: Mapping[str, str | None] | None = None,
+                nota: bool = False) -> dict[str, Any]:
     """Score every method trained on every split under ``models`` on ``table``.
 
     Args:
@@ -139,6 +141,10 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
             split's methods when there are fewer splits; the numbers do not depend on it.
         descriptions: relation id -> description, read with the relation's name by priors
             with ``descriptions: true`` (None: names only).
+        nota: also score none-of-the-above episodes (``base.nota_rates`` at those of
+            ``base.nota_settings`` among ``settings``) and fit temperatures; the data has no
+            validation relations, so thresholds, temperatures and best uncertainty scores are
+            chosen on other episodes of the same relations.
 
     Returns:
         ``summary`` (:func:`pipeline.report.summarise`, plus ``relations``, ``priors`` and
@@ -177,7 +183,12 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
                             "benchmark's models folder")
     cfg = dataclasses.replace(
         base, methods=tuple(everywhere), settings=tuple(s.name for s in settings), splits=(),
-        episodes=episodes or base.episodes, nota_rates=(), nota_settings=(), floor=True)
+        episodes=episodes or base.episodes, floor=True,
+        nota_rates=base.nota_rates if nota else (),
+        nota_settings=tuple(s for s in base.nota_settings
+                            if nota and s in {x.name for x in settings}),
+        nota_episodes=episodes or base.episodes,
+        temperature_episodes=base.temperature_episodes if nota else 0)
     needed = max(s.shots for s in settings) + cfg.queries
     table, relations = sort_relations(table, needed, trained, keep_trained, listed)
     usable = len(relations["relations_scored"])
@@ -209,7 +220,7 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
             total = priors.setdefault(method, dict.fromkeys(counts, 0))
             for kind, n in counts.items():
                 total[kind] += n
-    summary = report.summarise(per_split, nota)
+    summary = report.summarise(per_split, nota) | summarise_uncertainty(per_split, nota)
     summary["relations"] = relations
     summary["priors"] = priors
     summary["vs_floor"] = vs_floor(per_split)
@@ -231,7 +242,8 @@ def _score_share(share: _Share, table: pa.Table, models: Path, device: str,
                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The share's cells, NOTA cells and ways per prior kind of each method."""
     # The data is no model's split, so no model is checked against one.
-    eps = SplitEpisodes(share.split, table, share.cfg, share.index)
+    eps = SplitEpisodes(share.split, table, share.cfg, share.index,
+                        val=table if share.cfg.needs_val else None)
     eps.descriptions = descriptions
     with torch.no_grad():
         cells, nota = evaluate_episodes(eps, models, share.cfg, device,

@@ -107,10 +107,10 @@ def mc_log_predictive(logits: torch.Tensor) -> torch.Tensor:
     """``log (1/S) sum_s softmax(logits_s)`` computed stably with logsumexp.
 
     Shapes:
-        logits: (B, S, Q, N) -> (B, Q, N)
+        logits: (..., S, Q, N) -> (..., Q, N)
     """
-    log_p = torch.log_softmax(logits, dim=-1)  # (B, S, Q, N)
-    return torch.logsumexp(log_p, dim=1) - math.log(logits.shape[1])
+    log_p = torch.log_softmax(logits, dim=-1)  # (..., S, Q, N)
+    return torch.logsumexp(log_p, dim=-3) - math.log(logits.shape[-3])
 
 
 def require_shots(support: torch.Tensor, method: str) -> None:

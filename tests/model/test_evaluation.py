@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from model.evaluation.config import EvalConfig
-from model.evaluation.split_episodes import SplitEpisodes, nota_key
+from model.evaluation.split_episodes import SplitEpisodes, detection_cell, nota_key
 from model.evaluation.splits import check_trained_on
 from model.files.checkpoint import Checkpoint
 from pipeline.errors import PipelineError
@@ -75,3 +75,32 @@ def test_check_trained_on_refuses_another_split():
         check_trained_on(bare, split, {"train": "a"}, path, ["P6"])
     with pytest.raises(PipelineError, match=r"holds relations \['P2'\]"):
         check_trained_on(trained, split, {"train": "a", "val": "b"}, path, ["P2", "P6"])
+
+
+def test_data_without_validation_relations_makes_its_choices_on_other_episodes(tmp_path):
+    """A transfer set passes itself as ``val``: NOTA thresholds and temperatures come from
+    other episodes of the same sentences, read from the same encodings."""
+    split = toy_splits(tmp_path) / "split_0"
+    test = read_fewshot(split / "test.parquet")
+    cfg = config(settings=["2w1s"], nota_rates=[0.3], nota_settings=["2w1s"], nota_episodes=3)
+    eps = SplitEpisodes("split_0", test, cfg, 0, val=test)
+    assert eps.table is test and eps.val_start == 0
+    assert eps.val.relations == eps.test.relations
+    assert set(eps.calib) == {"2w1s"} and len(eps.nota_val["2w1s"]) == 1
+    assert not np.array_equal(eps.nota_val["2w1s"][0].support, eps.plain["2w1s"].support)
+    own = SplitEpisodes.read(split, cfg, 0)
+    assert own.val_start == own.n_test
+
+
+def test_detection_cell_chooses_scores_on_validation():
+    rng = np.random.default_rng(0)
+    outside = rng.random((4, 30)) < 0.5
+    good, noise = outside + rng.normal(0, 0.3, outside.shape), rng.normal(size=outside.shape)
+    # On validation, mutual information separates best and entropy_ts is the best point score.
+    val = {"max_prob": noise, "entropy_ts": good, "mutual_information": good + outside}
+    test = {"max_prob": good, "entropy_ts": noise, "mutual_information": noise}
+    cell = detection_cell(test, outside, val, outside)
+    assert cell["best"] == "mutual_information" and cell["best_point"] == "entropy_ts"
+    # The test numbers are those of the chosen score on test, whatever they are.
+    assert cell["detection"]["max_prob"]["auroc"] > 90 > cell["detection"]["entropy_ts"]["auroc"]
+    assert len(cell["roc"]) == 51 and cell["roc"][-1] == 100.0

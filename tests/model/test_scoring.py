@@ -12,10 +12,7 @@ from model.evaluation.scoring import (
     best_threshold,
     expected_calibration_error,
     flat_queries,
-    mutual_information,
     nota_correct,
-    predictive_entropy,
-    predictive_probs,
     reliability_bins,
     score_episodes,
     scores_from_log_probs,
@@ -66,19 +63,6 @@ def test_selective_curve_monotone_properties_and_aurc_by_brute_force():
     assert aurc(hit + 0.1 * noise, hit) == pytest.approx(
         (e + (1 - e) * math.log(1 - e)) * 100, abs=1.0)
     assert aurc(hit + 0.1 * noise, hit) < aurc(noise, hit) < aurc(-(hit + 0.1 * noise), hit)
-
-
-def test_predictive_probs_entropy_and_mutual_information():
-    logits = torch.randn(2, 4, 3, 5)  # (B, S, Q, N)
-    probs = predictive_probs(logits)
-    assert probs.shape == (2, 3, 5)
-    assert torch.allclose(probs.sum(-1), torch.ones(2, 3))
-    assert torch.allclose(probs, torch.softmax(logits, -1).mean(1))
-    same = logits[:, :1].expand(2, 4, 3, 5)
-    assert torch.allclose(mutual_information(same), torch.zeros(2, 3), atol=1e-6)
-    assert (mutual_information(logits) > 0).all()
-    assert torch.allclose(predictive_entropy(torch.full((5,), 0.2)), torch.tensor(math.log(5)))
-    assert (mutual_information(logits) <= predictive_entropy(probs) + 1e-6).all()
 
 
 def _rows_sampler(per=8, rels=5):

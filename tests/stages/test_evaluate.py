@@ -49,7 +49,7 @@ def test_tiny_end_to_end_writes_metrics_reports_and_plots(tmp_path):
     out = _evaluate(tmp_path, splits, p)
     metrics = json.loads((tmp_path / "metrics" / "nyt25.json").read_text())
     assert metrics == out
-    assert list(metrics) == ["nyt25", "paired", "ece", "ece_ts", "nota"]
+    assert list(metrics) == ["nyt25", "paired", "ece", "ece_ts", "nota", "detection", "aurc"]
     acc = metrics["nyt25"]
     assert set(acc) == {"regrab", "regrab_no_prior", "mtb", "proto", "proto_label", "floor"}
     # zero-shot only for the methods with a prior (regrab; proto_label's label mean)
@@ -76,7 +76,21 @@ def test_tiny_end_to_end_writes_metrics_reports_and_plots(tmp_path):
     assert cell["n_splits"] == 2 and set(cell["per_split"]) == {"split_0", "split_1"}
     assert cell["episodes"] == 40 and cell["pooled_ci95"] > 0
     thresholds = full["nota"]["mtb"]["2w1s_r50"]["per_split"]["split_0"]
-    assert set(thresholds) == {"acc", "threshold", "abstained", "outside", "val_ways"}
+    assert set(thresholds) == {"acc", "threshold", "abstained", "outside", "val_ways",
+                               "detection", "best", "best_point", "roc"}
+    # Out-of-set detection: every score of a sampling head, point scores of the others; the
+    # best score is one the head has.
+    det = full["detection"]
+    assert set(det["regrab"]["2w1s_r50"]["scores"]) >= {"max_prob", "entropy_ts",
+                                                         "mutual_information", "max_logit"}
+    assert "mutual_information" not in det["proto"]["2w1s_r50"]["scores"]
+    assert set(det["proto"]["2w1s_r50"]["best"]["chosen"].values()) <= set(
+        det["proto"]["2w1s_r50"]["scores"])
+    assert set(full["detection_paired"]) == {
+        "regrab_posterior_gain", *(f"regrab_minus_{m}" for m in
+                                   ("regrab_no_prior", "mtb", "proto", "proto_label", "floor"))}
+    assert all(0 <= v <= 100 for v in metrics["detection"]["mtb"]["2w1s_r25"].values())
+    assert set(full["selective_scores"]["regrab"]["2w1s"]["max_logit"]) == {"aurc", "acc80"}
     assert thresholds["outside"] == 0.5 and thresholds["val_ways"] == 1  # toy val: 2 relations
     assert len(full["calibration"]["proto"]["3w2s"]["bins"]["count"]) == 15
     ts = full["calibration"]["proto"]["3w2s"]["ece_ts"]
@@ -90,12 +104,15 @@ def test_tiny_end_to_end_writes_metrics_reports_and_plots(tmp_path):
         assert (plots / png).read_bytes()[:4] == b"\x89PNG"
     rows = list(csv.DictReader((plots / "nyt25_selective.csv").open()))
     assert len(rows) == 100 and "regrab_3w0s" in rows[0] and "floor_2w1s" in rows[0]
+    roc = list(csv.DictReader((plots / "nyt25_detection.csv").open()))
+    assert len(roc) == 51 and "regrab_2w1s_r50" in roc[0] and "Out-of-set detection" in md
     # NOTA queries ride along with the plain episodes: without them nothing else changes.
     params["evaluate"]["nota_rates"] = []
     p.write_text(yaml.safe_dump(params))
     plain = _evaluate(tmp_path, splits, p, "plain")
     assert plain["nyt25"] == metrics["nyt25"] and plain["ece"] == metrics["ece"]
-    assert "nota" not in plain
+    assert plain["aurc"] == metrics["aurc"]
+    assert "nota" not in plain and "detection" not in plain
 
 
 def test_paper_protocol_one_model_per_setting(tmp_path):
