@@ -56,7 +56,8 @@ from cli.guard import refuse_same, run_command
 from cli.limits import check_episodes, check_seed, check_threads
 from cli.text import lone_surrogate
 from model.episodes import mean_ci95
-from model.predict.predictor import NonFinite, Predictor, predictive_summary
+from model.evaluation.uncertainty import mc_log_probs
+from model.predict.predictor import NonFinite, Predictor
 from model.predict.sentences import Sentence, parse_sentence
 from model.prior.labels import PRIOR_KINDS, relation_name
 from pipeline.config import select_device, set_threads
@@ -245,8 +246,7 @@ def predict_episodes(predictor: Predictor, episodes: Sequence[TestEpisode],
         query = enc[[index[ep.query]]][None]  # (1, 1, D)
         # Seeded per episode, as Predictor.sample_logits seeds each call.
         gen = torch.Generator(device=enc.device).manual_seed(predictor.seed)
-        logits = head.sample_logits(sup, query, h, gen)[0]  # (S, 1, N)
-        probs = predictive_summary(logits)[0][0]  # (N,)
+        probs = mc_log_probs(head.sample_logits(sup, query, h, gen)[0].double())[0].exp()  # (N,)
         if not bool(torch.isfinite(probs).all()):  # its argmax would be way 0, silently
             raise NonFinite([len(answers)], len(episodes), f"episode {len(answers)}")
         answers.append(int(probs.argmax()))

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from cli.text import lone_surrogate
+from model.predict.predictor import OTHER_SCORES
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, check_writable
 
@@ -45,9 +47,10 @@ def check_readable(path: Path, flag: str) -> None:
                                 "permissions or give another file") from exc
 
 
-def check_output(path: Path) -> str:
-    """The output format of ``path`` (its extension), once it is known to be writable there."""
-    kind = _kind(path, OUTPUT_FORMATS, "output")
+def check_output(path: Path, formats: tuple[str, ...] = OUTPUT_FORMATS) -> str:
+    """The output format of ``path`` (its extension, one of ``formats``), once it is known to
+    be writable there."""
+    kind = _kind(path, formats, "output")
     check_writable(path)
     return kind
 
@@ -116,28 +119,43 @@ def write_predictions(rows: list[dict[str, Any]], relations: list[str],
                       path: str | os.PathLike[str]) -> None:
     """Write one row per query, atomically; the format follows the extension.
 
-    In Parquet, ``probabilities`` is a struct with one float64 field per candidate relation.
+    In Parquet, ``probabilities`` is a struct with one float64 field per candidate relation,
+    and the uncertainty scores that do not apply to every method (and ``abstain_score``) are
+    nullable float64 columns.
     """
+    schema = pa.schema([
+        pa.field("line", pa.int64(), nullable=False),
+        pa.field("id", pa.string()),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("prediction", pa.string()),
+        pa.field("best", pa.string(), nullable=False),
+        pa.field("confidence", pa.float64(), nullable=False),
+        pa.field("abstain", pa.bool_(), nullable=False),
+        pa.field("abstain_score", pa.float64()),
+        pa.field("entropy", pa.float64(), nullable=False),
+        pa.field("mutual_information", pa.float64(), nullable=False),
+        *(pa.field(k, pa.float64()) for k in OTHER_SCORES),
+        pa.field("probabilities",
+                 pa.struct([pa.field(r, pa.float64()) for r in relations]), nullable=False),
+        pa.field("gold", pa.string()),
+    ])
+    write_rows(rows, path, schema)
+
+
+def write_rows(rows: list[dict[str, Any]], path: str | os.PathLike[str], schema: pa.Schema,
+               formats: tuple[str, ...] = OUTPUT_FORMATS) -> None:
+    """Write ``rows`` atomically: JSONL (one object per line), or a table of ``schema`` in
+    Parquet or CSV; the format follows the extension, one of ``formats``."""
     path = Path(path)
-    kind = check_output(path)
+    kind = check_output(path, formats)
     with atomic_path(path) as tmp:
         if kind == ".jsonl":
             with tmp.open("w", encoding="utf-8") as fh:
                 for row in rows:
                     fh.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
             return
-        schema = pa.schema([
-            pa.field("line", pa.int64(), nullable=False),
-            pa.field("id", pa.string()),
-            pa.field("text", pa.string(), nullable=False),
-            pa.field("prediction", pa.string()),
-            pa.field("best", pa.string(), nullable=False),
-            pa.field("confidence", pa.float64(), nullable=False),
-            pa.field("abstain", pa.bool_(), nullable=False),
-            pa.field("entropy", pa.float64(), nullable=False),
-            pa.field("mutual_information", pa.float64(), nullable=False),
-            pa.field("probabilities",
-                     pa.struct([pa.field(r, pa.float64()) for r in relations]), nullable=False),
-            pa.field("gold", pa.string()),
-        ])
-        pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
+        table = pa.Table.from_pylist(rows, schema=schema)
+        if kind == ".csv":
+            pcsv.write_csv(table, tmp)
+        else:
+            pq.write_table(table, tmp)

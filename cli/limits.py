@@ -8,6 +8,7 @@ the data and model were loaded. Here each is one ``error:`` line naming the boun
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from model.predict.predictor import SEED_BOUND
@@ -61,3 +62,23 @@ def check_episodes(episodes: int, per_episode: int, flag: str = "--episodes") ->
             f"{flag} {episodes} would need about {episodes * per_episode / 2**30:.0f} GiB, more "
             f"than half of this machine's {memory() / 2**30:.0f} GiB; give at most {most}")
     return episodes
+
+
+def add_run_options(parser: argparse.ArgumentParser, seed_help: str, chunk_help: str) -> None:
+    """The options every command that runs a model shares: seed, device, batch, chunk and
+    threads (checked by :func:`check_run_options`)."""
+    parser.add_argument("--seed", type=int, default=0, help=f"{seed_help}, 0 to 2**63 - 1")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="sentences per encoder batch")
+    parser.add_argument("--chunk", type=int, default=2048, help=chunk_help)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads, at most the CPUs (0: torch default)")
+
+
+def check_run_options(args: argparse.Namespace) -> None:
+    """One ``error:`` line for a bad value of :func:`add_run_options`' options."""
+    if args.batch_size < 1 or args.chunk < 1:
+        raise PipelineError("--batch-size and --chunk must be >= 1")
+    check_seed(args.seed)
+    check_threads(args.threads)

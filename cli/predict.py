@@ -13,7 +13,15 @@ A sentence is ``{"text": "[E1]Barack Obama[/E1] was born in [E2]Hawaii[/E2] ."}`
 FewRel record (``tokens``, ``h``, ``t``) or FEWSHOT_SCHEMA columns; a ``.txt`` query file holds
 one marked sentence per line. Queries may carry ``id`` and a gold ``relation`` (then the
 accuracy is printed). The output has one row per query: ``prediction`` (null when abstaining),
-``best``, ``confidence``, ``abstain``, ``entropy``, ``mutual_information``, ``probabilities``.
+``best``, ``confidence``, ``abstain``, ``abstain_score``, ``entropy``, ``mutual_information``,
+the other uncertainty scores (null where they do not apply to the method) and
+``probabilities``.
+
+A query abstains when its abstain score is above the (1 - ``--abstain-rate``) quantile of that
+score on in-set queries of the checkpoint's validation relations (never test ones), kept in
+the checkpoint at training, in the stored setting closest to the support; ``--threshold P``
+abstains below top probability P instead. A checkpoint of an older version keeps no such
+quantiles and abstains only with ``--threshold``.
 
 A bad support row or checkpoint stops with one ``error:`` line; a bad query (markers missing
 or unbalanced, a span outside the sentence, not JSON) is skipped and counted in the summary.
@@ -21,7 +29,7 @@ or unbalanced, a span outside the sentence, not JSON) is skipped and counted in 
 Usage:
     regrab-predict --checkpoint models/nyt25/split_0/regrab/model.safetensors \
         --support tests/data/predict/support.jsonl --queries tests/data/predict/queries.jsonl \
-        --out preds.jsonl [--zero-shot P452] [--threshold 0.5] [--seed 0] [--device auto]
+        --out preds.jsonl [--zero-shot P452] [--abstain-rate 0.05] [--seed 0] [--device auto]
 """
 
 from __future__ import annotations
@@ -36,8 +44,10 @@ from tqdm import tqdm
 
 from cli.files import check_output, check_readable, read_records, write_predictions
 from cli.guard import refuse_same, run_command
-from cli.limits import check_seed, check_threads
+from cli.limits import add_run_options, check_run_options
 from cli.text import lone_surrogate
+from model.evaluation.uncertainty import POSTERIOR_SCORES, SCORES
+from model.predict.abstain import DEFAULT_RATE
 from model.predict.predictor import NonFinite, Predictor
 from model.predict.sentences import Sentence, has_sentence, parse_sentence
 from pipeline.config import select_device, set_threads
@@ -261,39 +271,53 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True,
                    help=".jsonl or .parquet; a file, never --queries, --support or --relations "
                         "(checked before any work)")
-    p.add_argument("--threshold", type=float, default=0.0,
-                   help="abstain when the top probability is below this (0: never)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the posterior samples, 0 to 2**63 - 1")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per encoder batch")
-    p.add_argument("--chunk", type=int, default=2048, help="queries per prediction call")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads, at most the CPUs (0: torch default)")
+    p.add_argument("--abstain-rate", type=float, default=None, metavar="R",
+                   help="abstain on a query when its abstain score is above the (1 - R) "
+                        "quantile of that score on in-set queries of the checkpoint's "
+                        "validation relations (never test relations), so about R of "
+                        "validation-like queries abstain; the quantiles come from the stored "
+                        "setting closest to your support (ways, smallest shots). 0: never. "
+                        f"Default {DEFAULT_RATE}; a checkpoint of an older version stores no "
+                        "quantiles and then never abstains")
+    p.add_argument("--abstain-score", choices=SCORES, default=None, metavar="NAME",
+                   help="the uncertainty score to abstain by, one of the checkpoint's: "
+                        f"{', '.join(SCORES)} ({', '.join(POSTERIOR_SCORES)} need posterior "
+                        "samples, as regrab's; default: the one that best told other "
+                        "relations' queries from in-set ones on validation episodes)")
+    p.add_argument("--threshold", type=float, default=None, metavar="P",
+                   help="abstain when the top probability is below P instead (overrides "
+                        "--abstain-rate and --abstain-score; 0: never)")
+    add_run_options(p, "seed of the posterior samples", "queries per prediction call")
     args = p.parse_args(argv)
-    if args.batch_size < 1 or args.chunk < 1:
-        raise PipelineError("--batch-size and --chunk must be >= 1")
-    check_seed(args.seed)
-    check_threads(args.threads)
+    check_run_options(args)
     check_output(args.out)  # before the predictions, not after them
     refuse_same(args.out, "--out", {"--queries": args.queries, "--support": args.support,
                                     "--relations": args.relations})
     return args
 
 
-def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
-    """Predict, write ``--out`` atomically, print a summary; returns the summary counts."""
-    args = parse_args(argv)
+def support_inputs(args: argparse.Namespace) -> tuple[str, Any, Any, Any]:
+    """Threads set, then the device, the support and the relations' names and descriptions
+    that ``--support``, ``--zero-shot``, ``--name`` and ``--relations`` give."""
     set_threads(args.threads)
     device = select_device(args.device, "--device")
     zero_shot = [r for given in args.zero_shot for r in split_relations(given)]
     support = read_support(args.support, zero_shot)
     names, descriptions = read_texts(args.support, args.name, args.relations)
+    return device, support, names, descriptions
+
+
+def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
+    """Predict, write ``--out`` atomically, print a summary; returns the summary counts."""
+    args = parse_args(argv)
+    device, support, names, descriptions = support_inputs(args)
     queries, skipped = read_queries(args.queries)
     predictor = Predictor.from_checkpoint(
         args.checkpoint, device, seed=args.seed, threshold=args.threshold,
+        abstain_rate=args.abstain_rate, abstain_score=args.abstain_score,
         batch_size=args.batch_size)
     summary = predictor.set_support(support, names=names, descriptions=descriptions)
+    rule = predictor.abstain_rule()
     rows: list[dict[str, Any]] = []
     starts = range(0, len(queries), args.chunk)
     for s in tqdm(starts, desc="predict", unit="chunk", disable=len(starts) < 2):
@@ -312,12 +336,14 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
     for line in summary.lines():
         print(line)
     print(f"queries: {len(rows) + len(skipped)} read, {len(skipped)} skipped, {len(rows)} "
-          f"predicted, {abstained} abstained (threshold {args.threshold})")
+          f"predicted, {abstained} abstained (abstain when: {rule.text})")
     for reason in skipped[:SHOWN_SKIPS]:
         print(f"  skipped {reason}")
     if len(skipped) > SHOWN_SKIPS:
         print(f"  ... and {len(skipped) - SHOWN_SKIPS} more skipped")
     result = {"predicted": len(rows), "skipped": len(skipped), "abstained": abstained,
+              "abstain_score": rule.score, "abstain_cutoff": rule.cutoff,
+              "abstain_setting": None if rule.setting is None else rule.setting.name,
               "priors": summary.priors, "texts": summary.texts,
               "text_counts": summary.text_counts}
     scored = [r for r in rows if r["gold"] in summary.relations]

@@ -7,9 +7,11 @@ linear warm-up and linear decay, validation on the validation relations from cac
 encodings, best model kept. Training resumes from ``state.safetensors`` after a kill, and a finished
 model whose params are unchanged is skipped.
 
-Outputs ``{out}/split_{i}/{method}/model.safetensors`` (best validation; config, params, step, graph
-and trained weights: loads without params.yaml) and, while training, ``state.safetensors`` (the same
-plus optimizer, scheduler and RNG states).
+Outputs ``{out}/split_{i}/{method}/model.safetensors`` (best validation; config, params, step,
+graph, trained weights and the uncertainty on the validation relations that ``regrab-predict``
+abstains by, added to a finished model of an older version that lacks it: loads without
+params.yaml) and, while training, ``state.safetensors`` (the same plus optimizer, scheduler
+and RNG states).
 
 Usage:
     python -m stages.train --splits data/splits --graph data/graph/graph.parquet \
@@ -20,6 +22,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -29,10 +32,17 @@ from typing import Any
 from model.config import ModelParams, RegrabConfig
 from model.encoder.frozen_cache import LowerCache
 from model.episodes import Setting
-from model.files.checkpoint import LEGACY_FILES, MODEL_FILE, STATE_FILE
+from model.files.checkpoint import (
+    LEGACY_FILES,
+    MODEL_FILE,
+    STATE_FILE,
+    read_checkpoint,
+    save_checkpoint,
+)
 from model.methods import registry
 from model.methods.registry import build_model, config_for_method
 from model.prior.graph import RelationGraph
+from model.training import val_scores
 from model.training.config import (
     ComparisonConfig,
     TrainConfig,
@@ -191,6 +201,20 @@ def reused(job: Job) -> dict[str, Any] | None:
     return done
 
 
+def measure_finished(job: Job, shared: Shared) -> None:
+    """Store the uncertainty on the validation relations of a finished model that an older
+    version trained without it (:mod:`model.training.val_scores`), as training would have;
+    its weights, metrics and history stay as they are."""
+    path = job.out / MODEL_FILE
+    best = read_checkpoint(path)
+    run = prepare(job.split_dir, job.method, shared.configs[job.method], job.sched,
+                  shared.graph, shared.device, shared.tokens, shared.cache.copy(),
+                  job.sched.seed, job.seed_key)
+    scores = val_scores.measure(run, best)
+    if scores is not None:
+        save_checkpoint(path, dataclasses.replace(best, val_scores=scores))
+
+
 def train_one(job: Job, shared: Shared, on_step=None) -> dict[str, Any]:
     """Train one model (resuming from its ``state.safetensors``); its summary."""
     job.out.mkdir(parents=True, exist_ok=True)
@@ -206,7 +230,7 @@ def train_one(job: Job, shared: Shared, on_step=None) -> dict[str, Any]:
                "best_val_acc": run.best, "best_step": result["best_step"],
                "steps": sched.steps, "final_loss": result["final_loss"]}
     # No wall-clock time in the model folder (a DVC output): a rerun writes it byte for byte.
-    finish(best_path, summary, run.history)
+    finish(best_path, summary, run.history, result["val_scores"])
     state_path.unlink(missing_ok=True)
     log.info("%s, %.1f s", summary, result["seconds"])
     return summary
@@ -277,14 +301,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 inputs)
     done = [reused(job) for job in jobs]
     todo = [job for job, summary in zip(jobs, done, strict=True) if summary is None]
+    unmeasured = [job for job, summary in zip(jobs, done, strict=True) if summary is not None
+                  and read_checkpoint(job.out / MODEL_FILE).val_scores is None]
     workers = usable_workers(cfg.workers, device, len(todo))
     log.info("%d models, %d to train, %d worker(s)", len(jobs), len(todo), workers)
     shared = Shared(configs, graph, device, TokenCache(), LowerCache())
-    if todo:
+    if todo or unmeasured:
         t_warm = time.perf_counter()
-        warm_cache(todo, cfg, shared)
+        warm_cache([*todo, *unmeasured], cfg, shared)
         log.info("frozen layers encoded for %d split(s) in %.0f s",
-                 len({job.split_dir for job in todo}), time.perf_counter() - t_warm)
+                 len({job.split_dir for job in [*todo, *unmeasured]}),
+                 time.perf_counter() - t_warm)
+    for job in unmeasured:
+        measure_finished(job, shared)
     # Forked workers inherit ``shared`` (graph, tokens, warm cache) through the closure; one
     # torch thread each (threads) uses the cores better than one process with several. On a
     # failure a model still training on another worker finishes (and is reused next run).

@@ -14,6 +14,7 @@ and a model is rebuilt from either by :func:`model.files.loader.load_model`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 
 from model.config import RegrabConfig
 from model.files import tensor_file
+from model.files.score_quantiles import MAX_VAL_SETTINGS, ScoreQuantiles
 from model.files.tensor_file import TRANSE_FORMAT
 from pipeline.errors import PipelineError
 
@@ -111,6 +113,9 @@ class Checkpoint:
         resume: optimizer, scheduler and RNG states (the resume point only).
         encoder_files: the copy of the pre-trained encoder an exported folder carries (read
             from a folder, never written to a file).
+        val_scores: the model's uncertainty on its validation relations per setting
+            (:class:`~model.files.score_quantiles.ScoreQuantiles`), written when training
+            finished; None in files of older versions.
     """
 
     config: RegrabConfig
@@ -125,6 +130,7 @@ class Checkpoint:
     history: list[dict[str, Any]] | None = None
     resume: ResumePoint | None = None
     encoder_files: str | None = None
+    val_scores: tuple[ScoreQuantiles, ...] | None = None
 
     @classmethod
     def of(cls, model: FewShotModel, **fields: Any) -> Checkpoint:
@@ -151,7 +157,7 @@ class Checkpoint:
             "params": self.params, "step": self.step,
             "best": None if resume is None else resume.best,
             "val_acc": self.val_acc, "done": self.done, "relations": self.relations,
-            "summary": self.summary, "history": self.history,
+            "summary": self.summary, "history": self.history, **stored_scores(self),
         }
         if resume is not None:
             optional.update({k: getattr(resume, k) for k in (
@@ -190,7 +196,7 @@ class Checkpoint:
 #: The optional keys of a checkpoint's data tree and their types.
 _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "params": dict, "step": int, "val_acc": (int, float), "done": bool, "relations": dict,
-    "summary": dict, "history": list,
+    "summary": dict, "history": list, "val_scores": list,
 }
 #: The keys of a resume point, all present or none.
 _RESUME: dict[str, type | tuple[type, ...]] = {
@@ -216,7 +222,24 @@ def optional_fields(source: dict[str, Any], where: str) -> dict[str, Any]:
         raise PipelineError(f"{where} has params whose 'inputs' is not a mapping; retrain it")
     if fields["history"] is not None and not all(isinstance(h, dict) for h in fields["history"]):
         raise PipelineError(f"{where} has a history that is not a list of records; retrain it")
+    scores = fields["val_scores"]
+    if scores is not None:
+        try:
+            if len(scores) > MAX_VAL_SETTINGS:
+                raise ValueError(f"{len(scores)} settings, over {MAX_VAL_SETTINGS}")
+            fields["val_scores"] = tuple(ScoreQuantiles.parse(t) for t in scores)
+        except ValueError as exc:
+            raise PipelineError(f"{where} has malformed validation scores ({exc}); retrain "
+                                "it") from None
     return fields
+
+
+def stored_scores(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The validation scores as a file or model folder stores them (nothing when none)."""
+    if checkpoint.val_scores is None:
+        return {}
+    return {"val_scores": [{**dataclasses.asdict(s), "quantiles": {
+        k: list(v) for k, v in s.quantiles.items()}} for s in checkpoint.val_scores]}
 
 
 def _typed(payload: dict[str, Any], key: str, types: type | tuple[type, ...], where: str,

@@ -3,7 +3,8 @@
 Layout (the Hugging Face one)::
 
     DIR/config.json        method and component configs, graph relation ids and labels,
-                           training summary, params and data fingerprints, metrics
+                           training summary, params and data fingerprints, metrics, the
+                           uncertainty on validation relations regrab-predict abstains by
     DIR/model.safetensors  the trained weights (encoder top layers, head, graph tensors)
     DIR/encoder/           the pre-trained encoder the weights sit on (safetensors, tokenizer)
     DIR/README.md          the model card
@@ -21,7 +22,7 @@ from typing import Any
 from model.config import RegrabConfig
 from model.encoder.files import quiet_transformers, resolve_encoder_path
 from model.files import tensor_file
-from model.files.checkpoint import Checkpoint, GraphShape, optional_fields
+from model.files.checkpoint import Checkpoint, GraphShape, optional_fields, stored_scores
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_dir, atomic_entries
 
@@ -187,6 +188,7 @@ def export(model: Checkpoint, checkpoint: Path, out: Path,
         "summary": summary,
         "benchmark": benchmark,
         "metrics": split_metrics(report, split, method),
+        **stored_scores(model),
     }
     with atomic_dir(out) if whole else atomic_entries(out, OWN_ENTRIES) as tmp:
         tensor_file.save_tensors(tmp / "model.safetensors", model.state)

@@ -5,7 +5,8 @@ Loss = -log p(y_Q | x_Q, x_S, y_S, G) on N-way K-shot episodes from the training
 ``zero_shot_rate``), AdamW with linear warm-up and linear decay, validation on fixed
 episodes of the validation relations, best model kept. ``state.safetensors`` (weights, optimizer,
 scheduler and every RNG) is the resume point after a kill; a resumed run ends bit-identical
-to one that was never stopped.
+to one that was never stopped. At the end, the best model's uncertainty on the validation
+relations is measured for ``regrab-predict`` to abstain by (:mod:`model.training.val_scores`).
 
 Shapes: see :mod:`model` (B episodes, N ways, K shots, Q queries, D encoding size).
 """
@@ -38,6 +39,7 @@ from model.methods import registry
 from model.methods.base import FewShotModel
 from model.prior.graph import RelationGraph
 from model.prior.labels import LabelText
+from model.training import val_scores
 from model.training.config import TrainConfig
 from model.training.state import Run, save_state
 from pipeline.errors import PipelineError
@@ -317,6 +319,9 @@ def train(run: Run, out_dir: Path, params: dict[str, Any], live: Any = None,
     bar.close()
     if live is not None:
         live.end()
-    return {"best_step": read_checkpoint(best_path).step,
-            "seconds": round(time.perf_counter() - t0, 1),
-            "final_loss": float(np.mean([h["loss"] for h in run.history[-20:]]))}
+    best = read_checkpoint(best_path)
+    seconds = round(time.perf_counter() - t0, 1)
+    return {"best_step": best.step, "seconds": seconds,
+            "final_loss": float(np.mean([h["loss"] for h in run.history[-20:]])),
+            # After the loop and with its own generators: the training is as without it.
+            "val_scores": val_scores.measure(run, best)}

@@ -22,6 +22,7 @@ from model.encoder.frozen_cache import LowerCache
 from model.encoder.tokens import TokenizedSet
 from model.episodes import EpisodeSampler
 from model.files.checkpoint import Checkpoint, ResumePoint, read_checkpoint, save_checkpoint
+from model.files.score_quantiles import ScoreQuantiles
 from model.methods.base import FewShotModel
 from model.prior.labels import LabelText
 from model.training.config import TrainConfig
@@ -111,11 +112,13 @@ def save_state(run: Run, path: Path, params: dict[str, Any]) -> None:
                                         history=run.history, resume=point))
 
 
-def finish(best_path: Path, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
-    """Mark the best model as done: a rerun with the same params and inputs reuses it."""
+def finish(best_path: Path, summary: dict[str, Any], history: list[dict[str, Any]],
+           val_scores: tuple[ScoreQuantiles, ...] | None = None) -> None:
+    """Mark the best model as done (a rerun with the same params and inputs reuses it), with
+    its uncertainty on the validation relations (:mod:`model.training.val_scores`)."""
     best = read_checkpoint(best_path)
     save_checkpoint(best_path, dataclasses.replace(best, done=True, summary=summary,
-                                                   history=history))
+                                                   history=history, val_scores=val_scores))
 
 
 def finished_summary(best_path: Path, state_path: Path,

@@ -275,6 +275,10 @@ UNFIT = {
     "nan": (_nan_weight, "non-finite weights (NaN or inf) in 'encoder."),
     "hub_id": (_set("config", "encoder", "name", "some-org/not-a-local-model"),
                "'some-org/not-a-local-model' is not available locally"),
+    "val_scores_nan": (_set("val_scores", 0, "quantiles", "max_prob", 50, float("nan")),
+                       "malformed validation scores (nan is not a finite number)"),
+    "val_scores_type": (_set("val_scores", 0, "ways", [5] * 10**5),
+                        "malformed validation scores (ways [5, 5, 5"),
 }
 
 

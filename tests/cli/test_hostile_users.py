@@ -119,10 +119,10 @@ def test_fewrel_test_nan_probabilities_stop_predict(files, tmp_path, capsys, mon
     data = tmp_path / "test.json"
     data.write_text(json.dumps(inputs))
 
-    def nan_summary(logits):
-        return (torch.full(logits.shape[1:], math.nan),)
+    def nan_log_probs(logits):
+        return torch.full((*logits.shape[:-3], *logits.shape[-2:]), math.nan)
 
-    monkeypatch.setattr(fewrel_test, "predictive_summary", nan_summary)
+    monkeypatch.setattr(fewrel_test, "mc_log_probs", nan_log_probs)
     err = _last_error(capsys, lambda: fewrel_test.main(
         ["predict", "--checkpoint", str(files["ckpt"]), "--input", str(data), "--out",
          str(tmp_path / "pred.json"), "--device", "cpu"]))

@@ -253,3 +253,72 @@ def test_fewrels_no_description_placeholder_is_no_description(tmp_path):
     assert read_relation_texts(path) == {
         "P2389": ("organization directed from the office or person", None),
         "P17": ("country", "sovereign state")}
+
+
+def test_help_says_where_the_abstain_threshold_comes_from(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--abstain-rate R" in text and "--abstain-score NAME" in text
+    assert "validation relations (never test relations)" in text
+    assert "Default 0.05" in text and "overrides --abstain-rate and --abstain-score" in text
+
+
+def test_abstain_rate_by_the_checkpoint_s_validation_scores(files, tmp_path, capsys):
+    """Stored quantiles 0, 0.01, ..., 1 for every score: a rate of 0.5 cuts max_prob at 0.5,
+    so exactly the queries whose top probability is below 0.5 abstain; the summary says by
+    which score, cutoff and setting, and every score gets its column."""
+    from model.files.checkpoint import read_checkpoint
+    from tests.model.test_val_scores import synthetic, with_scores
+
+    proto = tiny_checkpoint(files["root"], "proto")
+    stored = [synthetic(ways=3, shots=1), synthetic(ways=5, shots=5, spread=0.5)]
+    path = with_scores(proto, tmp_path / "proto.safetensors", stored)
+    assert read_checkpoint(path).val_scores == tuple(stored)
+    out = tmp_path / "p.parquet"
+    result = predict_files(["--checkpoint", str(path), "--support", str(files["support"]),
+                            "--queries", str(files["queries"]), "--out", str(out),
+                            "--device", "cpu", "--abstain-rate", "0.5"])
+    printed = capsys.readouterr().out
+    table = pq.read_table(out).to_pylist()
+    assert [r["abstain"] for r in table] == [r["confidence"] < 0.5 for r in table]
+    assert [r["abstain_score"] for r in table] == pytest.approx(
+        [1 - r["confidence"] for r in table])
+    assert all(r["max_prob"] == r["abstain_score"] and r["max_prob_ts"] is not None
+               and r["mutual_information"] == 0.0 and r["top_logit_var"] is None
+               for r in table)
+    assert (result["abstain_score"], result["abstain_setting"]) == ("max_prob", "3w1s")
+    assert f"{result['abstained']} abstained (abstain when: max_prob above 0.5, its 0.5 " \
+           "quantile on in-set queries of the checkpoint's validation setting 3w1s, closest " \
+           "to this 3-way 2-shot support)" in printed
+    # The default rate, and a score this proto checkpoint lacks.
+    predict_files(["--checkpoint", str(path), "--support", str(files["support"]),
+                   "--queries", str(files["queries"]), "--out", str(out), "--device", "cpu"])
+    assert "max_prob above 0.95, its 0.95 quantile" in capsys.readouterr().out
+    err = _error(files, capsys, tmp_path / "x.jsonl", "--checkpoint", str(path),
+                 "--abstain-score", "mutual_information")
+    assert "does not apply to this proto checkpoint (it has no posterior samples)" in err
+
+
+def test_a_checkpoint_without_validation_scores(files, tmp_path, capsys):
+    """An older checkpoint never abstains by default and says why; an explicit rate is an
+    error naming what to do; --abstain-rate 0 and --threshold work."""
+    out = tmp_path / "o.jsonl"
+    _run(files, out)
+    assert "0 abstained (abstain when: never: this checkpoint stores no uncertainty on " \
+           "validation relations" in capsys.readouterr().out
+    err = _error(files, capsys, tmp_path / "x.jsonl", "--abstain-rate", "0.1")
+    assert "stores no uncertainty on validation relations to set an abstain rate by" in err
+    assert "--threshold P" in err
+    assert "not a share in [0, 1)" in _error(files, capsys, tmp_path / "x.jsonl",
+                                            "--abstain-rate", "1")
+    _run(files, out, "--abstain-rate", "0")
+    _run(files, out, "--threshold", "0.9", "--abstain-rate", "0.2")
+    printed = capsys.readouterr().out
+    assert "top probability below the threshold 0.9 (overrides the abstain rate" in printed
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["abstain"] for r in rows] == [r["confidence"] < 0.9 for r in rows]
+    with pytest.raises(SystemExit):
+        _run(files, out, "--abstain-score", "confidence")
+    assert "invalid choice: 'confidence'" in capsys.readouterr().err

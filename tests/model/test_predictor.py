@@ -6,10 +6,11 @@ import torch
 
 from model.encoder.frozen_cache import LowerCache, encode_all
 from model.episodes import Episodes, episode_accuracy, gather_episodes
+from model.evaluation.uncertainty import POINT_SCORES, SCORES, uncertainty_scores
 from model.files.checkpoint import Checkpoint, save_checkpoint
 from model.methods.registry import build_model
 from model.posterior.logits import similarity_logits
-from model.predict.predictor import NonFinite, Predictor, predictive_summary
+from model.predict.predictor import NonFinite, Predictor
 from model.predict.sentences import Sentence, parse_marked_text, parse_sentence
 from model.prior.graph import RelationGraph
 from pipeline.errors import PipelineError
@@ -116,22 +117,30 @@ def test_fewrel_and_column_records():
         parse_sentence({"relation": "P19"})
 
 
-def test_predictive_summary_against_direct_formulas():
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(6, 4, 5, generator=g, dtype=torch.float64)
-    probs, ent, mi = predictive_summary(logits)
-    p_s = torch.softmax(logits, -1)  # (S, Q, N)
-    mean = p_s.mean(0)
-    assert torch.allclose(probs, mean)
-    assert torch.allclose(probs.sum(-1), torch.ones(4, dtype=torch.float64))
-    h = lambda p: -(p * p.log()).sum(-1)  # noqa: E731
-    assert torch.allclose(ent, h(mean))
-    assert torch.allclose(mi, h(mean) - h(p_s).mean(0))
-    assert (mi > 0).all()
-    # identical samples: no disagreement, no mutual information; uniform: entropy log N
-    _, ent1, mi1 = predictive_summary(torch.zeros(3, 2, 5))
-    assert torch.allclose(ent1, torch.full((2,), math.log(5), dtype=torch.float64))
-    assert torch.equal(mi1, torch.zeros(2, dtype=torch.float64))
+def test_predictions_carry_the_scores_of_the_uncertainty_module(folder, table):
+    """A sampling head gets every score but the tempered ones (no validation temperature in
+    an untrained checkpoint); a deterministic head the point scores, and no mutual
+    information (0) in its records; the numbers are the uncertainty module's."""
+    queries, _ = _queries(table)
+    for method, want in (("regrab", [k for k in SCORES if not k.endswith("_ts")]),
+                         ("proto", list(POINT_SCORES))):
+        pred = Predictor.from_checkpoint(tiny_checkpoint(folder, method), seed=4)
+        pred.set_support(_support(table, [2, 2, 2]))
+        got = pred.predict(queries)
+        assert list(got.scores) == want
+        direct = uncertainty_scores(pred.sample_logits(pred.encode(queries)))
+        for k in want:
+            np.testing.assert_allclose(got.scores[k], direct[k].numpy(), rtol=1e-12)
+        recs = got.records()
+        assert all(r["entropy"] == pytest.approx(-sum(p * math.log(p) for p in
+                                                       r["probabilities"].values() if p))
+                   for r in recs)
+        if method == "proto":
+            assert all(r["mutual_information"] == 0.0 and r["top_logit_var"] is None
+                       for r in recs)
+        # No stored validation scores: no rule, so no abstain score and no abstention.
+        assert all(r["abstain_score"] is None and not r["abstain"] for r in recs)
+        assert all(r["max_prob"] == pytest.approx(1 - r["confidence"]) for r in recs)
 
 
 # --- predictions ------------------------------------------------------------------------------

@@ -1,9 +1,13 @@
+import dataclasses
+
 import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
 
-from model.files.checkpoint import read_checkpoint
+from model.files.checkpoint import read_checkpoint, save_checkpoint
+from model.predict.predictor import Predictor
+from model.training import val_scores
 from pipeline.errors import PipelineError
 from pipeline.io import file_digest
 from stages import train
@@ -90,6 +94,36 @@ def test_seeded_runs_repeat_and_skip_when_done(inputs, tmp_path):
     assert "seconds" not in best.summary
     for name in ("summary.json", "split_0/regrab/model.safetensors"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_the_validation_uncertainty_is_stored_and_changes_nothing_else(inputs, tmp_path,
+                                                                       monkeypatch):
+    """The best model keeps its uncertainty on the validation relations (2 of them here: 2
+    ways, no relation left for outside queries); measuring it leaves the weights, metrics and
+    history byte for byte as a run without it writes them, and a rerun adds it to a finished
+    model that lacks it."""
+    _run(inputs, tmp_path / "with")
+    monkeypatch.setattr(val_scores, "measure", lambda run, best: None)
+    _run(inputs, tmp_path / "without")
+    path = "split_0/regrab/model.safetensors"
+    kept = read_checkpoint(tmp_path / "with" / path)
+    assert [s.name for s in kept.val_scores] == ["2w1s", "2w5s"]
+    assert all(s.default == "max_prob" and "2 validation relations" in s.reason
+               for s in kept.val_scores)
+    assert read_checkpoint(tmp_path / "without" / path).val_scores is None
+    save_checkpoint(tmp_path / "stripped", dataclasses.replace(kept, val_scores=None))
+    assert (tmp_path / "stripped").read_bytes() == (tmp_path / "without" / path).read_bytes()
+    assert (tmp_path / "with/summary.json").read_bytes() == \
+        (tmp_path / "without/summary.json").read_bytes()
+    # A finished model an older version wrote gets it on the next run, as training gives it.
+    monkeypatch.undo()
+    _run(inputs, tmp_path / "without")
+    assert (tmp_path / "without" / path).read_bytes() == (tmp_path / "with" / path).read_bytes()
+    pred = Predictor.from_checkpoint(tmp_path / "with" / path)
+    pred.set_support({"P4": ["[E1]w1[/E1] verb4 [E2]w2[/E2] ."], "P5": [], "P6": []},
+                     zero_shot=[])
+    rule = pred.abstain_rule()
+    assert rule.setting.name == "2w1s" and rule.score == "max_prob" and rule.cutoff > 0
 
 
 def test_two_workers_train_the_same_models_as_one(inputs, tmp_path, caplog):
