@@ -1,9 +1,9 @@
 """User commands that are not DVC stages (``stages/`` holds those).
 
 Modules: ``predict`` (``regrab-predict``) and ``files`` (its input and output files),
-``score`` (``regrab-score``), ``models`` (``regrab-models``), ``fewrel_test``
-(``regrab-fewrel-test``), ``guard`` (what every command does around its work: refuse an output
-that is an input, end on SIGTERM with no output half-written, escape what it prints),
-``text`` (control characters and lone surrogates in user text), ``limits`` (bounds on seeds,
-threads and episodes, from the machine).
+``suggest`` (``regrab-suggest``: which sentence to label next), ``score`` (``regrab-score``),
+``models`` (``regrab-models``), ``fewrel_test`` (``regrab-fewrel-test``), ``guard`` (what
+every command does around its work: refuse an output that is an input, end on SIGTERM with no
+output half-written, escape what it prints), ``text`` (control characters and lone surrogates
+in user text), ``limits`` (bounds on seeds, threads and episodes, from the machine).
 """

@@ -1,2 +1,2 @@
 """Shared plumbing for the REGRAB pipeline: config and its sections, Parquet I/O, schemas,
-Wikidata, report."""
+Wikidata, report and its detection tables, the active-labelling summary."""

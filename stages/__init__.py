@@ -24,6 +24,7 @@ SECTION_OWNERS = {
     "comparison": "model.training.config",
     "evaluate": "model.evaluation.config",
     "transfer": "stages.transfer",
+    "active_labelling": "stages.active_labelling",
     "tune_splits": "scripts.make_tuning_splits",
 }
 

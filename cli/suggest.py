@@ -1,0 +1,199 @@
+"""``regrab-suggest``: which unlabelled sentence should you label next? Ranks a pool.
+
+You have a few labelled sentences per relation (``--support``, the rows ``regrab-predict``
+reads) and a pool of unlabelled sentences (``--pool``, any file ``regrab-predict`` reads as
+queries). The model fits its posterior to the support and ranks the pool by a strategy, the
+sentence to label first on top: label it, add it to the support, run again.
+
+Strategies (``--strategy``; every score is larger for the sentences to label first):
+
+* ``bald`` (default for a checkpoint with posterior samples, i.e. regrab): the mutual
+  information between the sentence's relation and the prototypes, in nats: the sentences the
+  posterior samples disagree on, whose label teaches the prototypes most;
+* ``entropy`` (default otherwise): the entropy of the predicted relation, in nats;
+* ``margin``: one minus the gap between the two most probable relations (the sentences
+  closest to a decision boundary);
+* ``random``: a random order from ``--seed``, the floor the others should beat.
+
+The output has one row per readable pool sentence, in rank order: ``rank`` (1 = label
+first), ``line`` (its line or row in ``--pool``), ``id`` and ``text`` as given (text with
+entity markers), ``score`` (the strategy's), ``best`` (the relation the model would predict
+now) and ``probability`` (of ``best``). ``--out`` is JSONL, CSV or Parquet, written
+atomically. A bad support row or checkpoint stops with one ``error:`` line; an unreadable
+pool sentence is skipped and counted.
+
+Usage:
+    regrab-suggest --checkpoint models/nyt25/split_0/regrab/model.safetensors \
+        --support support.jsonl --pool unlabelled.jsonl --out ranked.jsonl \
+        [--strategy bald] [--seed 0] [--device auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+from tqdm import tqdm
+
+from cli.files import check_output, read_records, write_rows
+from cli.guard import refuse_same, run_command
+from cli.limits import add_run_options, check_run_options
+from cli.predict import SHOWN_SKIPS, support_inputs
+from model.evaluation.uncertainty import mc_log_probs
+from model.predict.active import (
+    STRATEGIES,
+    acquisition_scores,
+    check_strategy,
+    default_strategy,
+    random_scores,
+    ranking,
+)
+from model.predict.predictor import NonFinite, Predictor
+from model.predict.sentences import parse_sentence
+from pipeline.errors import PipelineError
+
+OUTPUT_FORMATS = (".jsonl", ".csv", ".parquet")
+#: The columns of the output, in order, with their Arrow types.
+COLUMNS = pa.schema([
+    pa.field("rank", pa.int64(), nullable=False),
+    pa.field("line", pa.int64(), nullable=False),
+    pa.field("id", pa.string()),
+    pa.field("text", pa.string(), nullable=False),
+    pa.field("score", pa.float64(), nullable=False),
+    pa.field("best", pa.string(), nullable=False),
+    pa.field("probability", pa.float64(), nullable=False),
+])
+
+
+def read_pool(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Parsed pool sentences (line, id, sentence) and the reasons of skipped ones."""
+    pool, skipped, records = [], [], 0
+    for line, rec in read_records(path, "pool file"):
+        records += 1
+        try:
+            if isinstance(rec, PipelineError):
+                raise rec
+            sentence = parse_sentence(rec)
+        except PipelineError as exc:
+            skipped.append(f"line {line}: {exc}")
+            continue
+        given = rec.get("id") if isinstance(rec, dict) else None
+        pool.append({"line": line, "sentence": sentence,
+                     "id": None if given is None else str(given)})
+    if records == 0:
+        raise PipelineError(f"pool file {path} has no records; give one unlabelled sentence "
+                            "per line")
+    if not pool:
+        raise PipelineError(f"none of the {records} sentences in the pool {path} could be "
+                            f"read (first: {skipped[0]})")
+    return pool, skipped
+
+
+def write_ranked(rows: list[dict[str, Any]], path: Path) -> None:
+    """Write the ranked rows atomically; the format follows the extension."""
+    write_rows(rows, path, COLUMNS, OUTPUT_FORMATS)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    doc = __doc__ or ""
+    p = argparse.ArgumentParser(
+        prog="regrab-suggest", description=doc.split("\n\n")[0],
+        epilog="strategies: " + "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items()))
+    p.add_argument("--checkpoint", "--model", type=Path, required=True,
+                   help="model.safetensors of the train stage, or a model folder "
+                        "(regrab-models export)")
+    p.add_argument("--support", type=Path, required=True,
+                   help="your labelled sentences: JSONL/Parquet rows {relation, sentence}, as "
+                        "regrab-predict reads them")
+    p.add_argument("--pool", type=Path, required=True,
+                   help="the unlabelled sentences to rank: JSONL, Parquet or .txt (one marked "
+                        "sentence per line), as regrab-predict reads queries; an 'id' is kept")
+    p.add_argument("--out", type=Path, required=True,
+                   help=".jsonl, .csv or .parquet; the pool in the order to label it (checked "
+                        "before any work)")
+    p.add_argument("--strategy", choices=list(STRATEGIES), default=None,
+                   help="how to rank: bald (mutual information between the label and the "
+                        "prototypes; needs posterior samples, as regrab's), entropy, margin or "
+                        "random (default: bald for a checkpoint with posterior samples, else "
+                        "entropy)")
+    p.add_argument("--zero-shot", action="append", default=[], metavar="IDS",
+                   help="candidate relations with no labelled sentence yet, predicted from "
+                        "their prior (regrab): comma-separated ids; repeatable")
+    p.add_argument("--name", action="append", default=[], metavar="REL=NAME",
+                   help="name of a relation outside the checkpoint's graph, read as its prior "
+                        "(repeatable)")
+    p.add_argument("--relations", type=Path, metavar="FILE",
+                   help="names and descriptions of your relations, FewRel's pid2name.json "
+                        "format, as regrab-predict reads them")
+    add_run_options(p, "seed of the posterior samples and of random's order",
+                    "pool sentences per model call")
+    args = p.parse_args(argv)
+    check_run_options(args)
+    check_output(args.out, OUTPUT_FORMATS)  # before the model is loaded, not after the ranking
+    refuse_same(args.out, "--out", {"--pool": args.pool, "--support": args.support,
+                                    "--relations": args.relations})
+    return args
+
+
+def suggest(argv: list[str] | None = None) -> dict[str, Any]:
+    """Rank the pool, write ``--out`` atomically, print a summary; returns the summary."""
+    args = parse_args(argv)
+    device, support, names, descriptions = support_inputs(args)
+    pool, skipped = read_pool(args.pool)
+    predictor = Predictor.from_checkpoint(args.checkpoint, device, seed=args.seed,
+                                          batch_size=args.batch_size)
+    summary = predictor.set_support(support, names=names, descriptions=descriptions)
+    # One sentence tells whether the head samples its prototypes, before the pool is encoded.
+    samples = predictor.sample_logits(predictor.encode([pool[0]["sentence"]])).shape[0]
+    strategy = check_strategy(args.strategy or default_strategy(samples), samples,
+                              f"checkpoint {args.checkpoint} ({predictor.model.config.method})",
+                              "use --strategy entropy or margin, or a regrab checkpoint")
+    scores, best, prob = [], [], []
+    starts = range(0, len(pool), args.chunk)
+    for s in tqdm(starts, desc="suggest", unit="chunk", disable=len(starts) < 2):
+        part = pool[s : s + args.chunk]
+        logits = predictor.sample_logits(
+            predictor.encode([q["sentence"] for q in part])).double()  # (S, P, N)
+        probs = mc_log_probs(logits).exp()  # (P, N)
+        finite = torch.isfinite(probs).all(-1)
+        if strategy != "random":
+            scores.append(acquisition_scores(strategy, logits))  # (P,)
+            finite &= torch.isfinite(scores[-1])
+        if not bool(finite.all()):
+            bad = (~finite).nonzero().flatten().tolist()
+            raise NonFinite(bad, len(part), f"{args.pool} line {part[bad[0]]['line']}")
+        top = probs.max(-1)
+        best += [summary.relations[i] for i in top.indices.tolist()]
+        prob += top.values.tolist()
+    score = (random_scores((len(pool),), torch.Generator().manual_seed(args.seed))
+             if strategy == "random" else torch.cat(scores)).cpu().numpy()
+    rows = [{"rank": rank, "line": pool[i]["line"], "id": pool[i]["id"],
+             "text": pool[i]["sentence"].marked(), "score": float(score[i]), "best": best[i],
+             "probability": float(prob[i])}
+            for rank, i in enumerate(ranking(score).tolist(), start=1)]
+    write_ranked(rows, args.out)
+    first = rows[0]
+    named = f" (id {first['id']})" if first["id"] is not None else ""
+    print(f"ranked {len(rows)} pool sentences ({len(skipped)} skipped) for "
+          f"{len(summary.relations)} relations by {strategy}; label first: line "
+          f"{first['line']}{named}, now guessed {first['best']} at "
+          f"{first['probability']:.0%}; wrote {args.out}")
+    for reason in skipped[:SHOWN_SKIPS]:
+        print(f"  skipped {reason}")
+    if len(skipped) > SHOWN_SKIPS:
+        print(f"  ... and {len(skipped) - SHOWN_SKIPS} more skipped")
+    return {"ranked": len(rows), "skipped": len(skipped), "strategy": strategy,
+            "samples": samples, "first": first}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry: bad input ends in one ``error:`` line (exit 2), not a traceback;
+    Ctrl-C exits 130, SIGTERM 143."""
+    run_command(suggest, argv)
+
+
+if __name__ == "__main__":
+    main()

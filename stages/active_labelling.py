@@ -1,0 +1,382 @@
+"""Stage ``active_labelling``: which sentence should a user label next? A simulated user.
+
+On the test relations of every split of a benchmark (NYT-25) and on transfer sets (SemEval),
+each with the benchmark's checkpoints of every split (as ``evaluate`` and ``transfer`` score
+them), a user starts an N-way episode with ``start`` labelled sentences per relation and a
+pool of ``pool`` unlabelled ones per relation. A strategy ranks the pool, the user labels
+the top sentence (it joins its relation's support), the posterior is refitted, and so on
+until ``labels`` more sentences per relation on average; the accuracy on held-out queries
+is recorded after every label (:mod:`model.predict.simulation`). Every method and strategy
+labels on the same episodes, so every comparison is paired.
+
+Writes ``metrics/active_labelling.json`` (:func:`pipeline.labelling_report.summarise`: per
+set, method and strategy the accuracy at every labels-per-relation count, mean over splits
+with a t interval, the paired gain over random, and the bar: REGRAB+BALD with
+``bar_labels`` per relation minus random at the end), the tables in
+``metrics/active_labelling.md`` and ``plots/active_labelling.csv`` (a DVC plot).
+
+Usage:
+    python -m stages.active_labelling --models models --metrics metrics/active_labelling.json \
+        --table metrics/active_labelling.md --plot plots/active_labelling.csv \
+        --relations data/raw/fewrel/pid2name.json [--params params.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from model.encoder.frozen_cache import LowerCache, encode_all
+from model.episodes import EpisodeSampler
+from model.evaluation.splits import check_trained_on
+from model.evaluation.transfer import cut_relations, sort_relations
+from model.files.checkpoint import model_file, read_checkpoint
+from model.files.loader import load_model
+from model.methods import registry
+from model.predict.active import STRATEGIES
+from model.predict.simulation import PoolEpisodes, sample_pool_episodes, simulate
+from model.prior.labels import relation_name
+from pipeline import labelling_report, report
+from pipeline.config import field, load_benchmarks, load_section, select_device, set_threads
+from pipeline.errors import PipelineError, run_cli
+from pipeline.fewrel import load_relation_texts
+from pipeline.io import (
+    atomic_paths,
+    check_writable,
+    file_digest,
+    read_fewshot,
+    remove_stale_temporaries,
+)
+from pipeline.sections import register_section
+from pipeline.workers import run_jobs, usable_workers
+from stages.transfer import TransferParams, relation_texts
+
+log = logging.getLogger(__name__)
+
+
+@register_section("active_labelling")
+@dataclass(frozen=True)
+class ActiveLabellingParams:
+    """``params.yaml`` section ``active_labelling``.
+
+    Attributes:
+        benchmark: the ``benchmarks`` entry whose checkpoints label, on every split, and whose
+            test relations are the first set.
+        transfer_sets: entries of ``transfer.sets`` labelled with the same checkpoints.
+        methods: method -> the strategies it runs.
+        ways: relations per episode.
+        start: labelled sentences per relation at the start.
+        pool: unlabelled sentences per relation in the pool.
+        queries: held-out sentences per relation that measure the accuracy.
+        labels: sentences labelled per relation on average (``ways * labels`` in all).
+        episodes: episodes per set and split.
+        bar_labels: labels per relation at which REGRAB+BALD is compared with random at the
+            end.
+        seed: seed of the episodes, the posterior samples and random's order.
+        device: where the models run.
+        threads: torch threads per process.
+        workers: processes labelling at once, one set and split each.
+        encode_batch: sentences per encoder batch.
+    """
+
+    benchmark: str = field(doc="the benchmarks entry whose checkpoints label (every split) and "
+                               "whose test relations are the first set")
+    transfer_sets: tuple[str, ...] = field(doc="entries of transfer.sets also labelled, with "
+                                               "the same checkpoints (as the transfer stage "
+                                               "scores them)")
+    methods: dict[str, tuple[str, ...]] = field(
+        doc="method -> the strategies it runs: bald (mutual information between label and "
+            "prototypes; needs posterior samples, i.e. regrab), entropy, margin, random")
+    ways: int = field(ge=2, doc="relations per episode (N)")
+    start: int = field(ge=1, doc="labelled sentences per relation at the start")
+    pool: int = field(ge=1, doc="unlabelled sentences per relation in the pool")
+    queries: int = field(ge=1, doc="held-out sentences per relation that measure the accuracy")
+    labels: int = field(ge=1, doc="sentences labelled per relation on average, one at a time "
+                                  "(ways x labels in all)")
+    episodes: int = field(ge=1, doc="episodes per set and split; every method and strategy "
+                                    "labels on the same ones (the run time grows with it: 32 "
+                                    "took about 2 minutes on 2 CPU cores)")
+    bar_labels: int = field(ge=1, doc="labels per relation at which REGRAB+BALD is compared "
+                                      "with random at start + labels (the bar: as accurate "
+                                      "with fewer labels)")
+    seed: int = field(doc="seed of the episodes, the posterior samples and random's order")
+    device: str = field(doc="auto (CUDA when present), cpu, cuda or cuda:N")
+    threads: int = field(ge=0, doc="torch intra-op threads per process (0 = torch's default)")
+    workers: int = field(ge=1, doc="processes labelling at once, one set and split each (CPU "
+                                   "only); the numbers are the same whatever the count")
+    encode_batch: int = field(ge=1, doc="sentences per encoder batch")
+
+    def __post_init__(self) -> None:
+        if not self.methods:
+            raise ValueError("active_labelling.methods is empty; list e.g. regrab: [bald, "
+                             "random]")
+        registry.check(list(self.methods), "active_labelling.methods")
+        for method, strategies in self.methods.items():
+            unknown = [s for s in strategies if s not in STRATEGIES]
+            if unknown or not strategies or len(set(strategies)) < len(strategies):
+                raise ValueError(f"active_labelling.methods.{method} = {list(strategies)}: "
+                                 f"list each of {', '.join(STRATEGIES)} at most once, and "
+                                 "at least one")
+        if self.labels > self.pool:
+            raise ValueError(f"active_labelling.labels {self.labels} exceeds the pool of "
+                             f"{self.pool} per relation; raise the pool or lower the labels")
+        steps = (self.bar_labels - self.start) * self.ways
+        if not 0 <= steps <= self.labels * self.ways:
+            raise ValueError(f"active_labelling.bar_labels {self.bar_labels} is not reached: "
+                             f"give a whole number between {self.start} and "
+                             f"{self.start + self.labels}, e.g. {self.start + 2}")
+
+
+@dataclass(frozen=True)
+class LabellingSet:
+    """One set's sentences on one split (only those its episodes use) and its episodes."""
+
+    name: str
+    table: pa.Table  # FEWSHOT_SCHEMA rows; the episodes' rows index into it
+    relations: list[str]  # the sampler's relations (``episodes.relation`` indexes them)
+    episodes: PoolEpisodes
+    descriptions: dict[str, str | None]
+    #: For the benchmark's own test relations: the split folder models are checked against.
+    split_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One set labelled with the checkpoints of one split, in one process."""
+
+    split: str
+    models: Path  # <models>/<benchmark>/<split>
+    set: LabellingSet
+
+
+def seed_of(*key: object) -> int:
+    """A seed from a key of numbers and names (a name counts by its CRC32)."""
+    parts = [zlib.crc32(str(k).encode()) if not isinstance(k, int) else k for k in key]
+    return int(np.random.SeedSequence(parts).generate_state(1)[0])
+
+
+def draw(name: str, table: pa.Table, params: ActiveLabellingParams, split: str,
+         what: str, descriptions: dict[str, str | None],
+         split_dir: Path | None = None) -> LabellingSet:
+    """The episodes of one set on one split, and the sentences they use."""
+    needed = params.start + params.pool + params.queries
+    sampler = EpisodeSampler(table.column("relation").to_pylist(), what)
+    small = [(r, len(m)) for r, m in zip(sampler.relations, sampler.members, strict=True)
+             if len(m) < needed]
+    if small:
+        raise PipelineError(f"{what}: relation {small[0][0]} has {small[0][1]} sentences, fewer "
+                            f"than active_labelling start + pool + queries = {needed}; lower "
+                            "them")
+    if params.ways > len(sampler.relations):
+        raise PipelineError(f"{what} has {len(sampler.relations)} relations, fewer than "
+                            f"active_labelling.ways {params.ways}; lower it")
+    rng = np.random.default_rng(seed_of(params.seed, name, split))
+    eps = sample_pool_episodes(sampler, rng, params.ways, params.start, params.pool,
+                               params.queries, params.episodes)
+    rows = eps.rows
+    return LabellingSet(name, table.take(pa.array(rows)), sampler.relations,
+                        eps.remapped(rows), descriptions, split_dir)
+
+
+def names_of(table: pa.Table) -> dict[str, str | None]:
+    """Each relation's name read from its ``relation_name`` (as ``evaluate`` reads it)."""
+    cols = table.select(["relation", "relation_name"]).to_pydict()
+    return {r: relation_name(n or "") for r, n in zip(cols["relation"], cols["relation_name"],
+                                                      strict=True)}
+
+
+def encoder_key(model: Any) -> tuple:
+    c = model.encoder.config
+    return (c.name, c.markers, c.max_length)
+
+
+def label_set(job: Job, params: ActiveLabellingParams, device: str, cache: LowerCache,
+                tokens: dict[tuple, Any]) -> dict[str, np.ndarray]:
+    """``{method: accuracy (T, B, A)}`` of one split's checkpoints on one set."""
+    out: dict[str, np.ndarray] = {}
+    s = job.set
+    for method, strategies in params.methods.items():
+        path = model_file(job.models / method)
+        if not path.is_file():
+            raise PipelineError(f"{path} is missing; train {method} on {job.split} (dvc repro "
+                                "train) or drop it from active_labelling.methods")
+        model, checkpoint = load_model(path, device)
+        model.eval()
+        if s.split_dir is not None:
+            digests = {p: file_digest(s.split_dir / f"{p}.parquet") for p in ("train", "val")}
+            check_trained_on(checkpoint, s.split_dir, digests, path, s.relations)
+        if model.prior is not None:
+            model.prior.add_names(names_of(s.table), model.encoder, None, params.encode_batch,
+                                  s.descriptions)
+        tok = tokens.get((encoder_key(model), job.split, s.name))
+        if tok is None:  # an encoder other than the one that filled the cache
+            tok = model.encoder.tokenize(s.table)
+        enc = encode_all(model.encoder, tok, cache, params.encode_batch)
+        rows = model.rows(s.relations).to(device)[torch.from_numpy(s.episodes.relation)
+                                                   .to(device)]  # (B, N)
+        h = model.head.prior_means(model.head.prior_states(), rows)
+        out[method] = simulate(
+            model.head, enc, h, s.episodes, strategies, params.labels * params.ways,
+            seed_of(params.seed, s.name, job.split, method),
+            torch.Generator().manual_seed(seed_of(params.seed, s.name, job.split, "random")),
+            what=f"{method} ({path})", fix=f"drop it from active_labelling.methods.{method}")
+    return out
+
+
+def plan(args: argparse.Namespace, params: ActiveLabellingParams
+         ) -> tuple[list[Job], dict[str, str]]:
+    """The jobs (one per set and split with models) and each set's title."""
+    benchmarks = load_benchmarks(args.params)
+    if params.benchmark not in benchmarks:
+        raise PipelineError(f"active_labelling.benchmark {params.benchmark!r} is not in "
+                            f"benchmarks ({', '.join(benchmarks)}); fix the name")
+    bench = benchmarks[params.benchmark]
+    splits_dir, models = Path(bench.splits), args.models / params.benchmark
+    if not splits_dir.is_dir():
+        raise PipelineError(f"{splits_dir} is not a folder; run the split stage first")
+    names = sorted(p.name for p in splits_dir.glob("split_*") if (models / p.name).is_dir())
+    if not names:
+        raise PipelineError(f"no split in {splits_dir} has models in {models}; train first "
+                            "(dvc repro train)")
+    transfer = load_section(TransferParams, "transfer", args.params) \
+        if params.transfer_sets else None
+    titles = {params.benchmark: bench.title}
+    tables: dict[str, tuple[pa.Table, dict[str, str | None]]] = {}
+    # Relations a checkpoint trained or validated on are left out of the transfer sets.
+    trained = {r for split in names for m in params.methods if params.transfer_sets
+               and model_file(models / split / m).is_file()
+               for part in ("train", "val")
+               for r in (read_checkpoint(model_file(models / split / m)).relations or {})
+               .get(part, [])}
+    for name in params.transfer_sets:
+        spec = transfer.sets.get(name) if transfer else None
+        if spec is None:
+            raise PipelineError(f"active_labelling.transfer_sets names {name!r}, not in "
+                                f"transfer.sets; fix the name")
+        if spec.benchmarks and params.benchmark not in spec.benchmarks:
+            raise PipelineError(f"transfer set {name} is for {list(spec.benchmarks)}'s "
+                                f"checkpoints only; drop it from active_labelling.transfer_sets")
+        if not Path(spec.data).is_file():
+            raise PipelineError(f"transfer set {name}: {spec.data} not found; run dvc repro "
+                                "prepare_fewshot")
+        table = cut_relations(read_fewshot(spec.data), transfer.per_relation, transfer.seed)
+        table, said = relation_texts(name, spec, table, transfer.seed)
+        needed = params.start + params.pool + params.queries
+        table, kept = sort_relations(table, needed, trained, False)
+        if len(kept["relations_scored"]) < params.ways:
+            raise PipelineError(
+                f"transfer set {name} has {len(kept['relations_scored'])} relations with at "
+                f"least start + pool + queries = {needed} sentences (and not trained on), "
+                f"fewer than active_labelling.ways {params.ways}; lower the pool or queries")
+        tables[name] = (table, said)
+        titles[name] = spec.title
+    said = {} if args.relations is None else {
+        r: d for r, (_, d) in load_relation_texts(args.relations).items()}
+    jobs = []
+    for split in names:
+        test = read_fewshot(splits_dir / split / "test.parquet")
+        jobs.append(Job(split, models / split, draw(params.benchmark, test, params, split,
+                                                    f"{split} test split", said,
+                                                    splits_dir / split)))
+        jobs += [Job(split, models / split, draw(name, table, params, split,
+                                                 f"transfer set {name}", texts))
+                 for name, (table, texts) in tables.items()]
+    return jobs, titles
+
+
+def fill_cache(jobs: list[Job], params: ActiveLabellingParams, device: str
+               ) -> tuple[LowerCache, dict[tuple, Any]]:
+    """The frozen layers' outputs of every sentence of every job, computed once here (the
+    checkpoints share them) so that every worker reads the same numbers."""
+    cache: LowerCache = LowerCache()
+    first = next((model_file(jobs[0].models / m) for m in params.methods
+                  if model_file(jobs[0].models / m).is_file()), None)
+    if first is None:
+        return cache, {}
+    model, _ = load_model(first, device)
+    key, tokens = encoder_key(model), {}
+    for job in jobs:
+        tok = model.encoder.tokenize(job.set.table)
+        tokens[key, job.split, job.set.name] = tok
+        if model.encoder.split > 0:
+            cache.states(model.encoder, tok, np.arange(job.set.table.num_rows),
+                         params.encode_batch, progress=True)
+    return cache, tokens
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", type=Path, default=Path("models"),
+                        help="folder of the benchmarks' models folders")
+    parser.add_argument("--metrics", type=Path, required=True, help="the summary (JSON)")
+    parser.add_argument("--table", type=Path, required=True, help="markdown tables")
+    parser.add_argument("--plot", type=Path, required=True,
+                        help="accuracy vs labels per relation (CSV, a DVC plot)")
+    parser.add_argument("--relations", type=Path, default=None,
+                        help="relation names and descriptions (FewRel's pid2name.json format) "
+                             "of the benchmark's test relations, read by priors with "
+                             "model.prior.descriptions")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    params = load_section(ActiveLabellingParams, "active_labelling", args.params)
+    outputs = [args.metrics, args.table, args.plot]
+    for path in outputs:
+        check_writable(path)
+        remove_stale_temporaries(path.parent, [path.name])
+    set_threads(params.threads)
+    device = select_device(params.device, f"{args.params} active_labelling.device")
+    t0 = time.perf_counter()
+    jobs, titles = plan(args, params)
+    workers = usable_workers(params.workers, device, len(jobs))
+    with torch.no_grad():
+        # The workers' cores encode the frozen layers here, before the workers start.
+        set_threads(params.threads * workers)
+        cache, tokens = fill_cache(jobs, params, device)
+        set_threads(params.threads)
+        log.info("frozen layers of %d sentences in %.0f s", len(cache), time.perf_counter() - t0)
+        results = run_jobs(
+            functools.partial(label_set, params=params, device=device, cache=cache,
+                              tokens=tokens), jobs,
+            workers=workers, threads=params.threads,
+            log=log, describe=lambda job: f"{job.set.name}, {job.split}'s checkpoints")
+    acc: dict[str, dict[str, dict[str, np.ndarray]]] = {
+        name: {m: {} for m in params.methods} for name in titles}
+    for job, result in zip(jobs, results, strict=True):
+        for m, a in result.items():
+            acc[job.set.name][m][job.split] = a
+    axis = labelling_report.labels_axis(params.start, params.ways, params.labels)
+    summary = labelling_report.summarise(acc, params.methods, axis, params.bar_labels)
+    summary["protocol"] = {
+        "benchmark": params.benchmark, "splits": sorted({job.split for job in jobs}),
+        "episodes": params.episodes, "ways": params.ways, "start": params.start,
+        "pool": params.pool, "queries": params.queries, "labels": params.labels * params.ways}
+    splits = len(summary["protocol"]["splits"])
+    note = (f"Accuracy % on held-out queries (mean over {splits} splits of {params.benchmark} "
+            f"checkpoints ± t 95% CI of the split means) against labelled sentences per "
+            f"relation. {params.episodes} episodes per set and split, {params.ways}-way, "
+            f"starting from {params.start} labelled sentence(s) per relation with a pool of "
+            f"{params.pool} unlabelled and {params.queries} held-out sentences per relation; "
+            f"one pool sentence labelled at a time, {params.labels * params.ways} in all. "
+            "Every strategy labels on the same episodes. `minus random`: the paired "
+            "difference with random averaged over the curve, points.")
+    with atomic_paths(*outputs) as (metrics_tmp, table_tmp, plot_tmp):
+        report.write_json_ordered(summary, metrics_tmp)
+        table_tmp.write_text(labelling_report.markdown(summary, titles, note))
+        plot_tmp.write_text(labelling_report.curves_csv(summary, list(titles)))
+    log.info("active_labelling done in %.0f s", time.perf_counter() - t0)
+    return summary
+
+
+if __name__ == "__main__":
+    run_cli(main)
