@@ -221,11 +221,14 @@ def read_texts(path: Path | None, given: list[str], relations: Path | None = Non
     return names | overrides, descriptions
 
 
-def read_queries(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Parsed queries (line, id, gold, sentence) and the reasons of skipped ones."""
-    queries, skipped = [], []
+def read_sentences(path: Path, what: str, empty: str, noun: str
+                   ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Parsed sentences (line, id, gold, sentence) of the ``what`` at ``path`` and the reasons
+    of skipped ones; ``empty`` says what to give when it has no records, ``noun`` names its
+    records when none could be read."""
+    rows, skipped = [], []
     records = 0
-    for line, rec in read_records(path, "query file"):
+    for line, rec in read_records(path, what):
         records += 1
         try:
             if isinstance(rec, PipelineError):
@@ -236,15 +239,20 @@ def read_queries(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         extra = rec if isinstance(rec, dict) else {}
         gold = extra.get("relation")
-        queries.append({"line": line, "sentence": sentence,
-                        "id": None if extra.get("id") is None else str(extra["id"]),
-                        "gold": None if gold is None else str(gold)})
+        rows.append({"line": line, "sentence": sentence,
+                     "id": None if extra.get("id") is None else str(extra["id"]),
+                     "gold": None if gold is None else str(gold)})
     if records == 0:
-        raise PipelineError(f"query file {path} has no records; give one sentence per line")
-    if not queries:
-        raise PipelineError(f"none of the {records} queries in {path} could be read "
+        raise PipelineError(f"{what} {path} has no records; {empty}")
+    if not rows:
+        raise PipelineError(f"none of the {records} {noun} {path} could be read "
                             f"(first: {skipped[0]})")
-    return queries, skipped
+    return rows, skipped
+
+
+def read_queries(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Parsed queries (line, id, gold, sentence) and the reasons of skipped ones."""
+    return read_sentences(path, "query file", "give one sentence per line", "queries in")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

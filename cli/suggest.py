@@ -38,10 +38,10 @@ import pyarrow as pa
 import torch
 from tqdm import tqdm
 
-from cli.files import check_output, read_records, write_rows
+from cli.files import check_output, write_rows
 from cli.guard import refuse_same, run_command
 from cli.limits import add_run_options, check_run_options
-from cli.predict import SHOWN_SKIPS, support_inputs
+from cli.predict import SHOWN_SKIPS, read_sentences, support_inputs
 from model.evaluation.uncertainty import mc_log_probs
 from model.predict.active import (
     STRATEGIES,
@@ -52,8 +52,6 @@ from model.predict.active import (
     ranking,
 )
 from model.predict.predictor import NonFinite, Predictor
-from model.predict.sentences import parse_sentence
-from pipeline.errors import PipelineError
 
 OUTPUT_FORMATS = (".jsonl", ".csv", ".parquet")
 #: The columns of the output, in order, with their Arrow types.
@@ -70,26 +68,9 @@ COLUMNS = pa.schema([
 
 def read_pool(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Parsed pool sentences (line, id, sentence) and the reasons of skipped ones."""
-    pool, skipped, records = [], [], 0
-    for line, rec in read_records(path, "pool file"):
-        records += 1
-        try:
-            if isinstance(rec, PipelineError):
-                raise rec
-            sentence = parse_sentence(rec)
-        except PipelineError as exc:
-            skipped.append(f"line {line}: {exc}")
-            continue
-        given = rec.get("id") if isinstance(rec, dict) else None
-        pool.append({"line": line, "sentence": sentence,
-                     "id": None if given is None else str(given)})
-    if records == 0:
-        raise PipelineError(f"pool file {path} has no records; give one unlabelled sentence "
-                            "per line")
-    if not pool:
-        raise PipelineError(f"none of the {records} sentences in the pool {path} could be "
-                            f"read (first: {skipped[0]})")
-    return pool, skipped
+    rows, skipped = read_sentences(path, "pool file", "give one unlabelled sentence per line",
+                                   "sentences in the pool")
+    return [{k: r[k] for k in ("line", "sentence", "id")} for r in rows], skipped
 
 
 def write_ranked(rows: list[dict[str, Any]], path: Path) -> None:
