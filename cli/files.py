@@ -35,10 +35,14 @@ def _kind(path: Path, allowed: tuple[str, ...], what: str) -> str:
 
 
 def check_readable(path: Path, flag: str) -> None:
-    """Stop when ``path`` is a folder or a file this process cannot read; a path that does
-    not exist is left to the reader, which says so in its own words."""
+    """Stop when ``path`` is a folder, not a regular file, or a file this process cannot read;
+    a path that does not exist is left to the reader, which says so in its own words."""
     if path.is_dir():
         raise PipelineError(f"{flag} {path} is a folder; give a file")
+    if path.exists() and not path.is_file():
+        # A FIFO or a device: reading one nobody writes to would wait for ever.
+        raise PipelineError(f"{flag} {path} is not a regular file (a pipe, socket or "
+                            "device); save it to a file and give that")
     if path.exists():
         try:
             path.open("rb").close()

@@ -2,6 +2,8 @@
 
 * :func:`refuse_same`: an output path that is one of the command's inputs (or another of its
   outputs), by name, symlink or hard link, stops the command before any work.
+* :func:`refuse_inside`: the same for an output folder, which must neither be an input nor
+  hold one (``--force`` would replace a file in it that the command reads).
 * :func:`run_command`: :func:`pipeline.errors.run_cli`, plus SIGTERM (``kill``, a job
   scheduler's stop) unwinding like Ctrl-C, so the temporaries of an unfinished write are
   removed; it ends with one ``error:`` line and exit status 143. Everything the command
@@ -48,6 +50,27 @@ def refuse_same(out: Path, what: str, others: dict[str, Path | None]) -> None:
         if other is not None and same_file(Path(out), Path(other)):
             raise PipelineError(f"{what} {out} is also {name} {other} (the same file); "
                                 f"writing {what} would overwrite it, give another {what}")
+
+
+def refuse_inside(out: Path, what: str, others: dict[str, Path | None]) -> None:
+    """Stop when the output folder ``out`` is, or holds, one of ``others`` (by resolved path
+    or, for an entry of ``out``, by inode): replacing ``out`` or its entries would lose the
+    input. ``others`` that do not exist are ignored.
+
+    Raises:
+        PipelineError: naming the output and the input, before anything is read or written.
+    """
+    out = Path(out)
+    entries = list(out.iterdir()) if out.is_dir() else []
+    for name, other in others.items():
+        if other is None or not Path(other).exists():
+            continue
+        other = Path(other)
+        inside = other.resolve() == out.resolve() or out.resolve() in other.resolve().parents
+        if inside or any(same_file(entry, other) for entry in entries if entry.is_file()):
+            raise PipelineError(
+                f"{what} {out} is or holds {name} {other}; writing {what} there would replace the "
+                f"file being read (--force or not), give another {what} outside it")
 
 
 def _terminate(owner: int) -> None:

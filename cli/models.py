@@ -6,27 +6,37 @@ relation labels and graph, the pre-trained encoder, a model card) that ``regrab-
 new, empty or a folder export wrote (replaced whole); a folder holding anything else is
 refused, or with ``--force`` only export's own files in it are replaced.
 
+An ``--out`` that is or holds one of export's inputs (the checkpoint, ``--relations``,
+``--report``) is refused, ``--force`` or not: export never replaces a file it reads.
+
 ``convert`` rewrites a pickle checkpoint of an older version (``model.pt``, ``state.pt``,
-TransE's state) as safetensors + JSON. Loaders refuse pickles, because a pickle can run
-code when it is loaded; convert only files whose origin you trust. (The pickle is read by
-torch's restricted unpickler, which admits tensors and plain containers only.)
+TransE's state) as safetensors + JSON. It never replaces a different file that is already
+at ``--out`` (the default: beside the pickle) unless ``--force`` says so. Loaders refuse
+pickles, because a pickle can run code when it is loaded; convert only files whose origin
+you trust. (The pickle is read by torch's restricted unpickler, which admits tensors and
+plain containers only.)
 
 Usage:
     regrab-models export models/nyt25/split_0/regrab/model.safetensors --out my-model \
         [--relations data/wikidata/relations.parquet] [--report metrics/nyt25_report.json] \
         [--no-encoder] [--force]
-    regrab-models convert models/nyt25/split_0/regrab/model.pt [--out model.safetensors]
+    regrab-models convert models/nyt25/split_0/regrab/model.pt [--out model.safetensors] \
+        [--force]
 """
 
 from __future__ import annotations
 
 import argparse
+import filecmp
 from pathlib import Path
 
-from cli.guard import refuse_same, run_command
+from cli.guard import refuse_inside, refuse_same, run_command
+from cli.text import shown
 from model.files import loader
 from model.files.checkpoint import MODEL_FILE, STATE_FILE, convert_legacy
-from model.files.model_folder import OWN_ENTRIES, check_out, export
+from model.files.model_folder import OWN_ENTRIES, check_out, check_report, export
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_path, check_writable
 
 
 def benchmark_of(checkpoint: Path) -> str | None:
@@ -63,26 +73,40 @@ def run(argv: list[str] | None = None) -> None:
                                            "version")
     cv.add_argument("--out", type=Path, default=None,
                     help=f"where to write (default: {MODEL_FILE} / {STATE_FILE} beside it)")
+    cv.add_argument("--force", action="store_true",
+                    help="replace a different file already at --out (refused otherwise)")
     args = parser.parse_args(argv)
     if args.command == "export":
-        check_out(args.out, args.force)  # before reading the checkpoint
         bench = benchmark_of(args.checkpoint)
         report = args.report
         if report is None and bench is not None:
             report = Path("metrics") / f"{bench}_report.json"
+        refuse_inside(args.out, "--out", {"the checkpoint": args.checkpoint,
+                                          "--relations": args.relations, "--report": report})
+        check_out(args.out, args.force)  # before reading the checkpoint
+        if args.report is not None or (report is not None and report.exists()):
+            check_report(report)  # a report asked for (or found) must be one
         out = export(loader.read(args.checkpoint), args.checkpoint, args.out,
                      args.relations, report, bench, with_encoder=not args.no_encoder,
                      force=args.force)
-        print(f"exported {args.checkpoint} -> {out} (use: regrab-predict --checkpoint {out})")
+        print(f"exported {shown(args.checkpoint)} -> {shown(out)} (use: regrab-predict "
+              f"--checkpoint {shown(out)})")
         return
     out = args.out
     if out is None:
         stem = {"model.pt": MODEL_FILE, "state.pt": STATE_FILE}.get(args.old.name)
         out = args.old.with_name(stem) if stem else args.old.with_suffix(".safetensors")
     refuse_same(out, "--out", {"the file being converted": args.old})
-    fmt = convert_legacy(args.old, out)
-    print(f"converted {args.old} -> {out} ({fmt}); the pickle was left as it is, delete it "
-          "once the new file works")
+    check_writable(out, "--out")
+    with atomic_path(out) as tmp:
+        fmt = convert_legacy(args.old, tmp)
+        if out.exists() and not args.force and not filecmp.cmp(tmp, out, shallow=False):
+            raise PipelineError(
+                f"--out {out} already exists and holds something else than this conversion; "
+                "convert never replaces a file it did not write: give another --out, move "
+                "that file away, or add --force to replace it")
+    print(f"converted {shown(args.old)} -> {shown(out)} ({fmt}); the pickle was left as it "
+          "is, delete it once the new file works")
 
 
 def main(argv: list[str] | None = None) -> None:

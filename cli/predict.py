@@ -62,10 +62,14 @@ def split_relations(text: str) -> list[str]:
     parentheses (SemEval's ``Cause-Effect(e2,e1)``) belongs to the id.
 
     Raises:
-        PipelineError: parentheses that do not pair up in a value with commas.
+        PipelineError: no id at all (``''``, ``',,,'``), or parentheses that do not pair up
+            in a value with commas.
     """
+    if not text.replace(",", "").strip():
+        raise PipelineError(f"--zero-shot {text!r} names no relation; give relation ids "
+                            "separated by commas, e.g. P19,P27, or leave --zero-shot out")
     if "," not in text:  # one id, whatever its parentheses
-        return [text.strip()] if text.strip() else []
+        return [text.strip()]
     ids, part, depth = [], [], 0
     for ch in text:
         if ch == "," and depth == 0:

@@ -59,14 +59,21 @@ log = logging.getLogger(__name__)
 
 def parse_settings(text: str) -> list[Setting]:
     """``--settings``: N-way K-shot settings of at least 2 ways each."""
-    settings = [Setting.parse(s) for s in text.split(",") if s]
-    for s in settings:
-        if s.ways < 2:
-            raise PipelineError(
-                f"--settings {s.name} has {s.ways} way(s): with fewer than 2 candidates every "
-                "answer is right, so every method would score 100%; give 2 or more ways, "
-                "e.g. 5w1s")
-    return settings
+    names = comma_list(text, "--settings", "5w1s,5w5s")
+    try:
+        return [Setting.parse(s) for s in names]
+    except PipelineError as exc:
+        raise PipelineError(f"--settings {exc}") from None
+
+
+def comma_list(text: str, flag: str, example: str) -> list[str]:
+    """The items of a comma-separated option; one that names none (``',,,'``) is refused
+    rather than read as the default."""
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise PipelineError(f"{flag} {text!r} names nothing; give a comma-separated list, "
+                            f"e.g. {example}, or leave {flag} out for the default")
+    return items
 
 
 def refuse_lone_surrogates(data: object, path: Path) -> None:
@@ -148,7 +155,8 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
         refuse_same(path, "output", {"--data": args.data, "--params": args.params,
                                      "--relations": args.relations})
     settings = parse_settings(args.settings)
-    wanted = [m for m in args.methods.split(",") if m] if args.methods else None
+    wanted = None if args.methods is None else comma_list(args.methods, "--methods",
+                                                          "regrab,proto")
     base = load_section(EvalConfig, "evaluate", args.params)
     texts = {} if args.relations is None else read_relation_texts(args.relations)
     data = load_json(args.data, fix=(

@@ -6,6 +6,8 @@
   cannot encode cannot crash the print.
 * :class:`EscapingStream`: a text stream that writes everything through :func:`printable`;
   :func:`cli.guard.run_command` puts one in front of stdout and stderr for a command's run.
+* :func:`shown`: a user's path or name inside a printed line: :func:`printable`, and a newline
+  or tab escaped too, so a file name cannot start a line of its own (a fake ``error:`` line).
 * :func:`lone_surrogate`: where a JSON value holds half a UTF-16 pair (JSON's ``"\\ud800"``
   escape, or an undecodable byte of a command-line argument), which no file format can
   store.
@@ -21,6 +23,8 @@ from typing import Any, TextIO
 #: controls, and the surrogate code points.
 _UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: :data:`_UNPRINTABLE` and the newline and tab it lets through.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -31,6 +35,12 @@ def _escape(match: re.Match[str]) -> str:
 def printable(text: str) -> str:
     """``text`` with control characters and lone surrogates written as escapes."""
     return _UNPRINTABLE.sub(_escape, text)
+
+
+def shown(value: object) -> str:
+    """``value`` as text for one printed line: every control character (newline and tab
+    too) and lone surrogate written as an escape."""
+    return _CONTROL.sub(_escape, str(value))
 
 
 class EscapingStream:
@@ -47,7 +57,12 @@ class EscapingStream:
     def write(self, text: str) -> int:
         # A progress bar redraws its line by starting each write with a carriage return.
         lead = "\r" if text.startswith("\r") else ""
-        self.stream.write(lead + printable(text[len(lead):]))
+        out = lead + printable(text[len(lead):])
+        try:
+            self.stream.write(out)
+        except UnicodeEncodeError:  # PYTHONIOENCODING=ascii, a C locale: escape, not crash
+            encoding = getattr(self.stream, "encoding", None) or "ascii"
+            self.stream.write(out.encode(encoding, "backslashreplace").decode(encoding))
         return len(text)
 
     def writelines(self, lines: Any) -> None:

@@ -35,7 +35,12 @@ class Setting:
         match = _SETTING.match(text)
         if not match:
             raise PipelineError(f"setting {text!r} is not like 5w1s (N-way K-shot)")
-        return cls(int(match.group(1)), int(match.group(2)))
+        ways = int(match.group(1))
+        if ways < 2:
+            raise PipelineError(
+                f"setting {text} has {ways} way(s): with fewer than 2 candidates every answer "
+                "is right, so every method would score 100%; give 2 or more ways, e.g. 5w1s")
+        return cls(ways, int(match.group(2)))
 
     @property
     def name(self) -> str:

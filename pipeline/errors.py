@@ -71,5 +71,7 @@ def _fail(message: str, code: int) -> None:
     tqdm = sys.modules.get("tqdm")
     for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
         bar.close()
+    # One line whatever the message quotes: a path or a value holding a newline is escaped.
+    message = message.replace("\r", "\\r").replace("\n", "\\n")
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)

@@ -314,7 +314,10 @@ def convert_legacy(src: Path, dst: Path) -> str:
             f"cannot convert {src}: it is not a checkpoint of tensors and plain data "
             f"({type(exc).__name__}: {first}); retrain the model instead"
         ) from None
-    fmt = LEGACY_FORMATS.get(payload.get("format")) if isinstance(payload, dict) else None
+    tag = payload.get("format") if isinstance(payload, dict) else None
+    # A hostile tag can be a list or a dict, which no lookup takes: only str and int are tags.
+    ok = isinstance(tag, (str, int)) and not isinstance(tag, bool)
+    fmt = LEGACY_FORMATS.get(tag) if ok else None
     if fmt is None:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise PipelineError(f"cannot convert {src}: format {str(got)[:40]!r} is not an older "

@@ -35,6 +35,8 @@ FIX = "export it again with `regrab-models export`"
 #: The largest ``config.json`` read (a real one is a few kB; a graph of every Wikidata
 #: relation stays far below this).
 MAX_CONFIG_BYTES = 16 * 2**20
+#: The largest ``--report`` read (the evaluate stage's reports are a few MB).
+MAX_REPORT_BYTES = 256 * 2**20
 #: Licences of the data a model can be trained on (shared/data README).
 DATA_LICENCES = {
     "nyt25": "FewRel 2.0 NYT set (MIT, thunlp/FewRel)",
@@ -90,13 +92,42 @@ def relation_labels(relations_path: Path | None, ids: list[str]) -> dict[str, st
             if r in wanted and lab}
 
 
+#: What the ``--report`` errors tell a user to do.
+REPORT_FIX = "give metrics/<benchmark>_report.json, or leave --report out"
+
+
+def check_report(report: Path) -> dict[str, Any]:
+    """The ``accuracy`` table of a report the evaluate stage wrote.
+
+    Raises:
+        PipelineError: ``report`` is missing, a folder, not JSON, or JSON of another kind.
+    """
+    if report.is_dir():
+        raise PipelineError(f"--report {report} is a folder; {REPORT_FIX}")
+    if not report.is_file():
+        raise PipelineError(f"--report {report} does not exist (or is not a regular file); "
+                            f"{REPORT_FIX}")
+    if report.stat().st_size > MAX_REPORT_BYTES:
+        raise PipelineError(f"--report {report} is over {MAX_REPORT_BYTES >> 20} MiB, so not "
+                            f"a report the evaluate stage wrote; {REPORT_FIX}")
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError, UnicodeDecodeError, OSError) as exc:
+        raise PipelineError(f"--report {report} is not JSON ({type(exc).__name__}); "
+                            f"{REPORT_FIX}") from None
+    acc = data.get("accuracy") if isinstance(data, dict) else None
+    if not isinstance(acc, dict) or not all(isinstance(v, dict) for v in acc.values()):
+        raise PipelineError(f"--report {report} is JSON but not a report the evaluate stage "
+                            f"wrote (no 'accuracy' table of methods); {REPORT_FIX}")
+    return acc
+
+
 def split_metrics(report: Path | None, split: str, method: str) -> dict[str, Any]:
     """This model's test accuracies (per setting) and the benchmark's mean with its interval."""
-    if report is None or not report.is_file():
+    if report is None or not report.exists():
         return {}
-    try:
-        acc = json.loads(report.read_text(encoding="utf-8"))["accuracy"][method]
-    except (ValueError, KeyError, TypeError, RecursionError):
+    acc = check_report(report).get(method)
+    if acc is None:  # a report of other methods: the card has no accuracies for this one
         return {}
     out = {}
     try:

@@ -4,7 +4,7 @@
 [E2]Hawaii[/E2] .``, whitespace tokens), a FewRel record (``tokens``, ``h``, ``t``) or the
 columns of :data:`pipeline.schemas.FEWSHOT_SCHEMA` into a :class:`Sentence`; bad input (markers
 missing or unbalanced, a span outside the sentence, positions that are not integers, tokens
-that are not a list of strings or hold a lone surrogate) raises one
+that are not a list of strings, hold a lone surrogate or a literal entity marker) raises one
 :class:`~pipeline.errors.PipelineError` line.
 """
 
@@ -41,6 +41,12 @@ class Sentence:
                 raise PipelineError(f"token {i} {token!r} holds a lone surrogate (half of a "
                                     "UTF-16 pair, e.g. a \\ud800 escape), which is not text; "
                                     "fix the text")
+            marker = MARKER_RE.search(token)
+            if marker:  # the encoder would take it for the entity's marker: wrong words
+                raise PipelineError(
+                    f"token {i} {token!r} holds the entity marker {marker.group(0)}, which "
+                    "only the entity spans may place; remove it from the tokens (the spans "
+                    "say where the entities are)")
         n = len(self.tokens)
         for name, (s, e) in (("head", self.head), ("tail", self.tail)):
             if not (0 <= s < e <= n):

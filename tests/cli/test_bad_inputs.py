@@ -1,6 +1,8 @@
 """Bad input to regrab-predict and regrab-score: one ``error:`` line, exit 2, nothing written."""
 
+import io
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -196,3 +198,83 @@ def test_score_output_folder_that_cannot_be_written(models, capsys, tmp_path):
         ["--data", str(data), "--models", str(models[0]), "--out", "/proc/x/own",
          "--params", str(models[1])]))
     assert "cannot be written" in err
+
+
+# ------------------------------------------------------------- literal entity markers
+
+
+@pytest.mark.parametrize("token", ["[E1]", "[e2]Bob[/E2]", "x[/E1]"])
+def test_tokens_holding_an_entity_marker_are_refused(files, capsys, tmp_path, token):
+    x = files["rows"][0]
+    tokens = [*x["tokens"], token]
+    fewrel = {"tokens": tokens, "h": ["h", "Q1", [list(range(x["head_start"], x["head_end"]))]],
+              "t": ["t", "Q2", [list(range(x["tail_start"], x["tail_end"]))]]}
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(json.dumps(fewrel) + "\n")
+    out = tmp_path / "out.jsonl"
+    err = _one_error(capsys, lambda: predict.main(_argv(files, out, queries)))
+    assert "none of the 1 queries" in err and "holds the entity marker" in err
+    assert not out.exists()
+    support = tmp_path / "s.jsonl"
+    support.write_text(files["support"].read_text() + json.dumps({"relation": "P6", **fewrel})
+                       + "\n")
+    err = _one_error(capsys, lambda: predict.main(_argv(files, out, support=support)))
+    assert f"token {len(tokens) - 1} {token!r} holds the entity marker" in err
+    assert "remove it from the tokens" in err
+
+
+# ------------------------------------------------------------ lists that name nothing
+
+
+@pytest.mark.parametrize("value", [",,,", "", " , "])
+def test_zero_shot_naming_nothing_is_refused(files, capsys, tmp_path, value):
+    out = tmp_path / "out.jsonl"
+    err = _one_error(capsys, lambda: predict.main([*_argv(files, out), "--zero-shot", value]))
+    assert f"--zero-shot {value!r} names no relation" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--methods", "--settings"])
+def test_score_lists_naming_nothing_are_refused(models, capsys, tmp_path, flag):
+    data = tmp_path / "own.json"
+    data.write_text("{}")
+    err = _one_error(capsys, lambda: score.main(
+        ["--data", str(data), "--models", str(models[0]), "--out", str(tmp_path / "o"),
+         "--params", str(models[1]), flag, ",,,"]))
+    assert f"{flag} ',,,' names nothing" in err and f"leave {flag} out" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["own.json"]
+
+
+# --------------------------------------------------------------- a FIFO as an input
+
+
+def test_relations_on_a_fifo_nobody_writes_to_is_refused(files, models, capsys, tmp_path):
+    fifo = tmp_path / "names.json"
+    os.mkfifo(fifo)
+    data = tmp_path / "own.json"
+    data.write_text("{}")
+    err = _one_error(capsys, lambda: score.main(
+        ["--data", str(data), "--models", str(models[0]), "--out", str(tmp_path / "o"),
+         "--params", str(models[1]), "--relations", str(fifo)]))
+    assert f"--relations {fifo} is not a regular file" in err
+    err = _one_error(capsys, lambda: predict.main(
+        [*_argv(files, tmp_path / "p.jsonl"), "--relations", str(fifo)]))
+    assert f"--relations {fifo} is not a regular file" in err
+
+
+# ------------------------------------------------------------- an ASCII-only terminal
+
+
+def test_summary_on_an_ascii_terminal_escapes_what_it_cannot_print(files, tmp_path,
+                                                                     monkeypatch):
+    support = tmp_path / "s.jsonl"
+    support.write_text(files["support"].read_text().replace('"P6"', '"Pé→"'))
+    out = tmp_path / "out.jsonl"
+    raw = io.BytesIO()
+    stdout = io.TextIOWrapper(raw, encoding="ascii", errors="strict", write_through=True)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    predict.main(_argv(files, out, support=support))
+    stdout.flush()
+    printed = raw.getvalue().decode("ascii")
+    assert "P\\xe9\\u2192" in printed and "wrote 3 rows" in printed
+    assert "Pé→" in out.read_text(encoding="utf-8")

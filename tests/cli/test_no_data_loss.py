@@ -299,3 +299,111 @@ def test_same_file_through_links(tmp_path):
     guard.refuse_same(a, "--out", {"--other": tmp_path / "new", "--none": None})
     with pytest.raises(PipelineError, match="--out .* is also --in"):
         guard.refuse_same(tmp_path / "s", "--out", {"--in": a})
+
+
+# ------------------------------------------- 5. an output that is or holds an input
+
+
+def test_export_into_the_checkpoints_own_folder_is_refused_force_or_not(files, tmp_path,
+                                                                         capsys):
+    own = tmp_path / "models" / "nyt25" / "split_0" / "regrab"
+    own.mkdir(parents=True)
+    ckpt = own / "model.safetensors"
+    ckpt.write_bytes(files["ckpt"].read_bytes())
+    (own / "notes.txt").write_text("keep")
+    report = tmp_path / "report.json"
+    report.write_text('{"accuracy": {}}')
+    before = _tree(tmp_path)
+    for out, force in [(own, []), (own, ["--force"]), (own.parent, ["--force"]),
+                       (tmp_path, ["--force"]), (own / "sub" / "..", ["--force"])]:
+        err = _one_error(capsys, lambda out=out, force=force: models.main(
+            ["export", str(ckpt), "--out", str(out), "--no-encoder", "--report", str(report),
+             *force]))
+        assert f"--out {out} is or holds the checkpoint {ckpt}" in err
+        assert "give another --out outside it" in err
+    # An input found in --out by its inode (a hard link), and --report inside --out.
+    other = tmp_path / "other"
+    other.mkdir()
+    os.link(ckpt, other / "model.safetensors")
+    err = _one_error(capsys, lambda: models.main(
+        ["export", str(ckpt), "--out", str(other), "--no-encoder", "--force"]))
+    assert "is or holds the checkpoint" in err
+    (other / "model.safetensors").unlink()
+    (other / "r.json").write_text('{"accuracy": {}}')
+    err = _one_error(capsys, lambda: models.main(
+        ["export", str(ckpt), "--out", str(other), "--report", str(other / "r.json"),
+         "--force", "--no-encoder"]))
+    assert "is or holds --report" in err
+    (other / "r.json").unlink()
+    other.rmdir()
+    assert _tree(tmp_path) == before and ckpt.read_bytes() == files["ckpt"].read_bytes()
+
+
+def _legacy(path: Path, fmt, **extra) -> None:
+    import torch
+
+    torch.save({"format": fmt, **extra}, path)
+
+
+def test_convert_never_replaces_a_different_file(tmp_path, capsys):
+    import torch
+
+    old = tmp_path / "state.pt"
+    _legacy(old, 1, entity=torch.zeros(2, 3))
+    mine = tmp_path / "state.safetensors"
+    mine.write_bytes(b"someone's trained state")
+    for out in ([], ["--out", str(mine)]):
+        err = _one_error(capsys, lambda out=out: models.main(["convert", str(old), *out]))
+        assert f"--out {mine} already exists" in err and "--force" in err
+    assert mine.read_bytes() == b"someone's trained state"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt", "state.safetensors"]
+    mine.unlink()
+    models.main(["convert", str(old)])  # new: written
+    first = mine.read_bytes()
+    models.main(["convert", str(old)])  # the same conversion again: nothing lost
+    assert mine.read_bytes() == first
+    mine.write_bytes(b"changed since")
+    models.main(["convert", str(old), "--force"])  # asked for
+    assert mine.read_bytes() == first
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("fmt", [["regrab-model-2"], {"a": 1}, True, None])
+def test_convert_of_a_pickle_whose_format_is_not_a_tag_is_one_line(tmp_path, capsys, fmt):
+    old = tmp_path / "model.pt"
+    _legacy(old, fmt)
+    err = _one_error(capsys, lambda: models.main(["convert", str(old)]))
+    assert "is not an older REGRAB model or TransE state" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
+
+
+def test_export_report_that_is_not_a_report_is_refused(files, tmp_path, capsys):
+    folder = tmp_path / "folder.json"
+    folder.mkdir()
+    garbage, other, listing = (tmp_path / n for n in ("g.json", "o.json", "l.json"))
+    garbage.write_bytes(b"\x00\xffnot json")
+    other.write_text('{"model_type": "bert"}')
+    listing.write_text('{"accuracy": [1, 2]}')
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # nobody writes to it: read, it would hang
+    cases = [(folder, "is a folder"), (garbage, "is not JSON"), (tmp_path / "missing.json",
+             "does not exist"), (other, "not a report the evaluate stage wrote"),
+             (listing, "not a report the evaluate stage wrote"), (fifo, "not a regular file")]
+    for report, words in cases:
+        err = _one_error(capsys, lambda report=report: models.main(
+            ["export", str(files["ckpt"]), "--out", str(tmp_path / "m"), "--no-encoder",
+             "--report", str(report)]))
+        assert f"--report {report}" in err and words in err, err
+        assert "leave --report out" in err
+    assert not (tmp_path / "m").exists() and not list(tmp_path.glob(".m.*"))
+
+
+def test_a_newline_in_an_out_name_is_never_printed_raw(files, tmp_path, capsys):
+    out = tmp_path / "m\nerror: fake\x1b[2J"
+    models.main(["export", str(files["ckpt"]), "--out", str(out), "--no-encoder"])
+    printed = capsys.readouterr().out
+    assert printed.count("\n") == 1 and "m\\x0aerror: fake\\x1b[2J" in printed
+    (out / "notes").write_text("x")
+    err = _one_error(capsys, lambda: models.main(
+        ["export", str(files["ckpt"]), "--out", str(out), "--no-encoder"]))
+    assert "\\nerror: fake" in err
