@@ -54,7 +54,7 @@ from tqdm import tqdm
 from cli.files import check_readable
 from cli.guard import refuse_same, run_command
 from cli.limits import check_episodes, check_seed, check_threads
-from cli.text import lone_surrogate
+from cli.text import lone_surrogate, shown
 from model.episodes import mean_ci95
 from model.evaluation.uncertainty import mc_log_probs
 from model.predict.predictor import NonFinite, Predictor
@@ -303,7 +303,7 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     answers, timing, priors = predict_episodes(predictor, episodes, names=names)
     _write_json(answers, args.out)
     total = timing["encode_s"] + timing["head_s"]
-    print(f"{len(episodes)} episodes -> {args.out}: {int(timing['sentences'])} distinct "
+    print(f"{len(episodes)} episodes -> {shown(args.out)}: {int(timing['sentences'])} distinct "
           f"sentences encoded in {timing['encode_s']:.1f}s "
           f"({timing['sentences'] / max(timing['encode_s'], 1e-9):.1f} sentences/s), "
           f"heads {timing['head_s']:.1f}s, total {total:.1f}s on {device}")
@@ -327,8 +327,9 @@ def run_make(args: argparse.Namespace) -> dict[str, Any]:
     parse_episodes(inputs, str(args.data))  # the records must be readable, now not later
     _write_json(inputs, args.out, args.data)
     _write_json(gold, args.answers)
-    print(f"{len(inputs)} {args.ways}-way {args.shots}-shot episodes -> {args.out} (relation "
-          f"ids: {'no' if args.no_relations else 'yes'}), gold answers -> {args.answers}")
+    print(f"{len(inputs)} {args.ways}-way {args.shots}-shot episodes -> {shown(args.out)} "
+          "(relation "
+          f"ids: {'no' if args.no_relations else 'yes'}), gold answers -> {shown(args.answers)}")
     return {"inputs": inputs, "gold": gold}
 
 

@@ -45,7 +45,7 @@ from tqdm import tqdm
 from cli.files import check_output, check_readable, read_records, write_predictions
 from cli.guard import refuse_same, run_command
 from cli.limits import add_run_options, check_run_options
-from cli.text import lone_surrogate
+from cli.text import lone_surrogate, shown
 from model.evaluation.uncertainty import POSTERIOR_SCORES, SCORES
 from model.predict.abstain import DEFAULT_RATE
 from model.predict.predictor import NonFinite, Predictor
@@ -364,7 +364,7 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"accuracy on the {len(scored)} queries whose gold relation is a candidate: "
               f"{acc:.1%} (chance {1 / len(summary.relations):.1%})")
         result["accuracy"] = acc
-    print(f"wrote {len(rows)} rows to {args.out}")
+    print(f"wrote {len(rows)} rows to {shown(args.out)}")
     return result
 
 

@@ -42,7 +42,7 @@ from cli.files import check_readable
 from cli.guard import refuse_same, run_command
 from cli.limits import check_episodes, check_threads
 from cli.predict import read_relation_texts
-from cli.text import lone_surrogate
+from cli.text import lone_surrogate, shown
 from model.episodes import Setting
 from model.evaluation.splits import EvalConfig
 from model.evaluation.transfer import score_table
@@ -182,7 +182,7 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     summary, cfg, methods = result["summary"], result["cfg"], result["methods"]
     relations = summary["relations"]
     usable, needed = len(relations["relations_scored"]), result["needed"]
-    print(f"{args.data.name}: {result['sentences']} sentences of {usable} relations scored; "
+    print(f"{shown(args.data.name)}: {result['sentences']} sentences of {usable} relations scored; "
           f"skipped {len(relations['too_few_sentences'])} with < {needed} sentences; "
           f"{len(relations['trained_on'])} trained on "
           f"({'excluded' if not args.keep_trained else 'kept, flagged'}): "
@@ -191,7 +191,7 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     if args.relations is not None:
         named = relation_texts(texts, relations["relations_scored"], keys)
         missing = named["missing"]
-        print(f"--relations {args.relations}: names for {named['named']} of {usable} scored "
+        print(f"--relations {shown(args.relations)}: names for {named['named']} of {usable} scored "
               f"relations ({named['described']} with a description); missing from it: "
               f"{len(missing)}"
               + (f" ({', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}), named by "

@@ -42,6 +42,7 @@ from cli.files import check_output, write_rows
 from cli.guard import refuse_same, run_command
 from cli.limits import add_run_options, check_run_options
 from cli.predict import SHOWN_SKIPS, read_sentences, support_inputs
+from cli.text import shown
 from model.evaluation.uncertainty import mc_log_probs
 from model.predict.active import (
     STRATEGIES,
@@ -161,7 +162,7 @@ def suggest(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"ranked {len(rows)} pool sentences ({len(skipped)} skipped) for "
           f"{len(summary.relations)} relations by {strategy}; label first: line "
           f"{first['line']}{named}, now guessed {first['best']} at "
-          f"{first['probability']:.0%}; wrote {args.out}")
+          f"{first['probability']:.0%}; wrote {shown(args.out)}")
     for reason in skipped[:SHOWN_SKIPS]:
         print(f"  skipped {reason}")
     if len(skipped) > SHOWN_SKIPS:

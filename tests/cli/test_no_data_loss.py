@@ -407,3 +407,7 @@ def test_a_newline_in_an_out_name_is_never_printed_raw(files, tmp_path, capsys):
     err = _one_error(capsys, lambda: models.main(
         ["export", str(files["ckpt"]), "--out", str(out), "--no-encoder"]))
     assert "\\nerror: fake" in err
+    out = tmp_path / "p\nerror: fake.jsonl"
+    predict.main(_predict_argv(files, out))
+    wrote = [line for line in capsys.readouterr().out.splitlines() if "wrote" in line]
+    assert wrote == [f"wrote 3 rows to {tmp_path}/p\\x0aerror: fake.jsonl"]
