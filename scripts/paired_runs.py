@@ -29,6 +29,7 @@ from model.evaluation.splits import evaluate_split
 from pipeline import report
 from pipeline.config import load_section, set_threads
 from pipeline.errors import PipelineError, run_cli
+from pipeline.io import atomic_path
 
 
 def episodes_of(models: Path, split_dir: Path, index: int, cfg: EvalConfig
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{m} {s}: B - A = {row['diff']:+.2f}{between} "
                   f"(± {row['episode_ci95']:.2f} over {len(pooled)} paired episodes)")
     if args.out is not None:
-        args.out.write_text(json.dumps(out, indent=2) + "\n")
+        with atomic_path(args.out) as tmp:
+            tmp.write_text(json.dumps(out, indent=2) + "\n")
     return out
 
 

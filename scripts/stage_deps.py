@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                   "python scripts/stage_deps.py")
         return 1 if stale else 0
     if stale:
-        with args.dvc_yaml.open("w") as fh:
+        from pipeline.io import atomic_path
+
+        with atomic_path(args.dvc_yaml) as tmp, tmp.open("w") as fh:  # never half a dvc.yaml
             yaml.dump(doc, fh)
     print(f"updated {len(stale)} stage(s): {', '.join(stale) or 'none'}")
     return 0

@@ -54,7 +54,13 @@ from model.training.loop import TokenCache, frozen_states, prepare, train
 from model.training.state import finish, finished_summary, resume
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
-from pipeline.io import file_digest, read_parquet, remove_stale_temporaries, write_json
+from pipeline.io import (
+    atomic_path,
+    file_digest,
+    read_parquet,
+    remove_stale_temporaries,
+    write_json,
+)
 from pipeline.schemas import GRAPH_SCHEMA, RELATION_TEXT_SCHEMA
 from pipeline.workers import run_jobs, usable_workers
 
@@ -107,7 +113,8 @@ def dvclive_logger(out_dir: Path, step: int):
         kept = [ln for ln in lines[1:] if ln.endswith("\n")
                 and len(ln.split("\t")) == len(header)
                 and ln.split("\t")[col].isdigit() and int(ln.split("\t")[col]) < step]
-        tsv.write_text("".join(lines[:1] + kept))
+        with atomic_path(tsv) as tmp:  # a second kill now must not cut the curve short
+            tmp.write_text("".join(lines[:1] + kept))
     live = Live(dir=str(folder), resume=True, save_dvc_exp=False, dvcyaml=None,
                 report=None, monitor_system=False)
     live.step = step

@@ -54,3 +54,22 @@ def test_a_method_missing_from_one_run_is_an_error(runs):
         paired_runs.main(["--splits", str(splits), "--a", str(root / "a"), "--b",
                           str(root / "b"), "--methods", "regrab,proto", "--settings", "2w1s",
                           "--params", str(p)])
+
+
+def test_a_crash_while_writing_out_leaves_the_old_file(runs, tmp_path, monkeypatch):
+    root, splits, p = runs
+    out = tmp_path / "diff.json"
+    out.write_text('{"old": 1}\n')
+    real = Path.write_text
+
+    def crash(self, text, *args, **kwargs):  # half the text reaches the disk, then a crash
+        real(self, text[: len(text) // 2], *args, **kwargs)
+        raise RuntimeError("killed mid-write")
+
+    monkeypatch.setattr(Path, "write_text", crash)
+    with pytest.raises(RuntimeError, match="mid-write"):
+        paired_runs.main(["--splits", str(splits), "--a", str(root / "a"), "--b",
+                          str(root / "a"), "--methods", "proto", "--settings", "2w1s",
+                          "--params", str(p), "--out", str(out)])
+    monkeypatch.undo()
+    assert out.read_text() == '{"old": 1}\n' and sorted(tmp_path.iterdir()) == [out]

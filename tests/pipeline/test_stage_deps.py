@@ -80,3 +80,22 @@ def test_editing_a_module_marks_every_stage_that_imports_it(tmp_path):
             stages = [s for s in status if s == name or s.startswith(f"{name}@")] or [name]
             for s in stages:
                 assert modified(s, path) == (name in importers), (s, path)
+
+
+def test_a_crash_while_rewriting_leaves_dvc_yaml_whole(tmp_path, monkeypatch):
+    from ruamel.yaml import YAML
+
+    dvc_yaml = tmp_path / "dvc.yaml"
+    text = (ROOT / "dvc.yaml").read_text()
+    stale = text.replace("      - pipeline/io.py\n", "", 1)  # one stage's deps out of date
+    assert stale != text
+    dvc_yaml.write_text(stale)
+
+    def crash(self, data, stream):  # a kill after the first bytes reached the file
+        stream.write(text[:100])
+        raise RuntimeError("killed mid-write")
+
+    monkeypatch.setattr(YAML, "dump", crash)
+    with pytest.raises(RuntimeError, match="mid-write"):
+        stage_deps.main(["--dvc-yaml", str(dvc_yaml)])
+    assert dvc_yaml.read_text() == stale and sorted(tmp_path.iterdir()) == [dvc_yaml]

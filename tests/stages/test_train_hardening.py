@@ -144,3 +144,21 @@ def test_dvclive_resume_tolerates_a_row_cut_by_the_kill(inputs, tmp_path, monkey
     _run(inputs, tmp_path / "killed", dvclive=True)
     assert _curve(killed, "train/loss") == _curve(tmp_path / "full/split_0/regrab",
                                                   "train/loss")
+
+
+def test_a_crash_while_trimming_a_curve_leaves_it_whole(tmp_path, monkeypatch):
+    tsv = tmp_path / "dvclive" / "plots" / "metrics" / "train" / "loss.tsv"
+    tsv.parent.mkdir(parents=True)
+    rows = "timestamp\tstep\tloss\n1\t0\t0.5\n2\t1\t0.4\n3\t2\t0.3\n"
+    tsv.write_text(rows)
+    real = Path.write_text
+
+    def crash(self, text, *args, **kwargs):  # half the text reaches the disk, then a kill
+        real(self, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", crash)
+    with pytest.raises(KeyboardInterrupt):
+        train.dvclive_logger(tmp_path, step=2)  # drops step 2's row, then resumes
+    assert tsv.read_text() == rows and sorted(p.name for p in tsv.parent.iterdir()) == [
+        "loss.tsv"]
