@@ -327,9 +327,8 @@ def run_make(args: argparse.Namespace) -> dict[str, Any]:
     parse_episodes(inputs, str(args.data))  # the records must be readable, now not later
     _write_json(inputs, args.out, args.data)
     _write_json(gold, args.answers)
-    print(f"{len(inputs)} {args.ways}-way {args.shots}-shot episodes -> {shown(args.out)} "
-          "(relation "
-          f"ids: {'no' if args.no_relations else 'yes'}), gold answers -> {shown(args.answers)}")
+    print(f"{len(inputs)} {args.ways}-way {args.shots}-shot episodes -> {shown(args.out)} (with "
+          f"relation ids: {'no' if args.no_relations else 'yes'}), gold -> {shown(args.answers)}")
     return {"inputs": inputs, "gold": gold}
 
 

@@ -33,27 +33,34 @@ Run it once, locally and without a server (Prefect starts a temporary one)::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import re
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
-
-from orchestration import dvc_access, interrupt
-from orchestration.checks import check_scheduler
-from orchestration.dvc_access import PlannedStage, StageError, plan_stages, repo_root
-from orchestration.overrides import apply as apply_params
-from orchestration.overrides import describe, resolve, restore
+from orchestration import flow_command
 from pipeline.errors import PipelineError, run_cli
-from pipeline.wikidata.engine import check_cluster
+
+if __name__ == "__main__":
+    # Before Prefect is imported (seconds, many on a busy machine): a bad override is one
+    # line at once. main() checks everything again, with the full plan.
+    run_cli(flow_command.check_overrides)
+flow_command.allow_server_startup()  # read by Prefect when it loads its settings
+
+from prefect import flow, get_run_logger, task  # noqa: E402
+from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from orchestration import dvc_access, interrupt  # noqa: E402
+from orchestration.checks import check_scheduler  # noqa: E402
+from orchestration.dvc_access import PlannedStage, StageError, plan_stages, repo_root  # noqa: E402
+from orchestration.flow_command import DASK_ADDRESS_ENV, PARAMS_FILE  # noqa: E402
+from orchestration.overrides import apply as apply_params  # noqa: E402
+from orchestration.overrides import describe, resolve, restore  # noqa: E402
+from pipeline.wikidata.engine import check_cluster  # noqa: E402
 
 __all__ = ["StageError", "check_cluster", "plan_stages", "retrain", "validate_overrides"]
 
@@ -65,9 +72,6 @@ NETWORK_STAGES = frozenset({"fetch"})
 NETWORK_RETRIES = 2
 #: Seconds between retries of a network stage.
 NETWORK_RETRY_DELAY_S = 60.0
-PARAMS_FILE = "params.yaml"
-#: Environment variable the Wikidata parse reads for a Dask scheduler address.
-DASK_ADDRESS_ENV = "REGRAB_DASK_ADDRESS"
 #: Stages that run on the cluster when one is given; the others never see the address.
 CLUSTER_STAGES = frozenset({"parse_wikidata"})
 
@@ -313,53 +317,24 @@ def retrain(
     return publish_metrics(root, exp_name, describe(plan.new_params), durations)
 
 
-def _parse_set(items: Iterable[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise PipelineError(f"-S expects key=value, got '{item}'; e.g. -S train.epochs=1")
-        out[key] = value
-    return out
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Check the arguments, then run the flow once in this process and print the metrics.
 
     Every check the flow makes runs here first, so a mistake is one ``error:`` line
     before Prefect starts its temporary server (about 20 s), not a failed flow run.
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m orchestration.flows", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "-S",
-        "--set-param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a params.yaml key, as dvc exp run -S (repeatable)",
-    )
-    parser.add_argument("--repo-dir", default=".", help="DVC project root (default: .)")
-    parser.add_argument(
-        "--target",
-        action="append",
-        default=None,
-        help="stage to reproduce with its upstream (repeatable; default all)",
-    )
-    parser.add_argument(
-        "--cluster",
-        default=None,
-        metavar="ADDRESS",
-        help="Dask scheduler (tcp://HOST:PORT) for the parse_wikidata stage "
-        f"(exported as {DASK_ADDRESS_ENV}); default: a local cluster",
-    )
-    args = parser.parse_args(argv)
-    override_map = _parse_set(args.set_param) or None
+    args = flow_command.build_parser().parse_args(argv)
+    override_map = flow_command.parse_set(args.set_param) or None
     make_plan(args.repo_dir, override_map, args.target, args.cluster)
-    with interrupt.handling():  # Ctrl-C: seconds, one line, exit 130 (not Prefect's minutes)
-        metrics = retrain(overrides=override_map, repo_dir=args.repo_dir, targets=args.target,
-                          cluster=args.cluster)
+    try:
+        with interrupt.handling():  # Ctrl-C: seconds, one line, exit 130 (not Prefect's minutes)
+            metrics = retrain(overrides=override_map, repo_dir=args.repo_dir,
+                              targets=args.target, cluster=args.cluster)
+    except RuntimeError as exc:  # Prefect's temporary server did not start in time
+        failure = flow_command.server_failure(exc)
+        if failure is None:
+            raise
+        raise failure from None
     print(json.dumps(metrics, indent=2, sort_keys=True))
     return metrics
 

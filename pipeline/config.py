@@ -44,9 +44,13 @@ T = TypeVar("T")
 
 
 def field(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
-          lt: float | None = None, doc: str = "", default: Any = dataclasses.MISSING,
+          lt: float | None = None, doc: str = "", match: tuple[str, str] | None = None,
+          default: Any = dataclasses.MISSING,
           default_factory: Any = dataclasses.MISSING) -> Any:
     """A schema field: its help text, and numeric limits checked by :func:`parse_section`.
+
+    ``match`` is ``(regular expression, what it accepts in words)`` for a string field whose
+    values are a closed set with a pattern (a device: ``cuda:N``).
 
     ``doc`` is the key's help, from which ``docs/configuration.md`` is generated; every field
     of a params schema has one (a test checks). Leave the default out where you can:
@@ -54,7 +58,7 @@ def field(*, ge: float | None = None, gt: float | None = None, le: float | None 
     """
     limits = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
     return dataclasses.field(default=default, default_factory=default_factory,
-                             metadata={"limits": limits, "doc": doc})
+                             metadata={"limits": limits, "doc": doc, "match": match})
 
 
 def load_params(path: str | os.PathLike[str] = "params.yaml", section: str | None = None) -> Any:
@@ -128,6 +132,9 @@ def parse_section(cls: type[T], raw: Any, where: str) -> T:
             raise PipelineError(f"params.yaml {key} is missing; add it (see params.yaml)")
         value = _coerce(raw[name], hints[name], key)
         _check_limits(value, f.metadata.get("limits", {}), key)
+        pattern = f.metadata.get("match")
+        if pattern and isinstance(value, str) and not re.fullmatch(pattern[0], value):
+            raise _bad(key, value, pattern[1])
         values[name] = value
     try:
         return cls(**values)
@@ -242,6 +249,8 @@ def data_mirror() -> Path | None:
 
 #: The devices an entry point accepts: ``auto`` (CUDA when present), ``cpu``, ``cuda[:N]``.
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+#: ``field(match=DEVICE_FIELD)``: a params key naming a device.
+DEVICE_FIELD = (DEVICE.pattern, "auto, cpu, cuda or cuda:N")
 
 
 def select_device(requested: str = "auto", where: str = "device") -> str:

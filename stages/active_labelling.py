@@ -47,7 +47,14 @@ from model.predict.active import STRATEGIES
 from model.predict.simulation import PoolEpisodes, sample_pool_episodes, simulate
 from model.prior.labels import relation_name
 from pipeline import labelling_report, report
-from pipeline.config import field, load_benchmarks, load_section, select_device, set_threads
+from pipeline.config import (
+    DEVICE_FIELD,
+    field,
+    load_benchmarks,
+    load_section,
+    select_device,
+    set_threads,
+)
 from pipeline.errors import PipelineError, run_cli
 from pipeline.fewrel import load_relation_texts
 from pipeline.io import (
@@ -110,7 +117,7 @@ class ActiveLabellingParams:
                                       "with random at start + labels (the bar: as accurate "
                                       "with fewer labels)")
     seed: int = field(doc="seed of the episodes, the posterior samples and random's order")
-    device: str = field(doc="auto (CUDA when present), cpu, cuda or cuda:N")
+    device: str = field(match=DEVICE_FIELD, doc="auto (CUDA when present), cpu, cuda or cuda:N")
     threads: int = field(ge=0, doc="torch intra-op threads per process (0 = torch's default)")
     workers: int = field(ge=1, doc="processes labelling at once, one set and split each (CPU "
                                    "only); the numbers are the same whatever the count")

@@ -52,6 +52,20 @@ def _ours(name: str, raw: Any) -> bool:
         return False
 
 
+class _LazyOurs:
+    """The sections of ``after`` that a known schema reads as they stand in ``before``
+    (:func:`_ours`), each found out when first asked (``name in ours``)."""
+
+    def __init__(self, before: dict[str, Any], after: dict[str, Any]) -> None:
+        self.before, self.after, self.seen = before, after, {}
+
+    def __contains__(self, name: object) -> bool:
+        if name not in self.seen:
+            self.seen[name] = (name in self.after and name in self.before
+                               and _ours(str(name), self.before[name]))
+        return self.seen[name]
+
+
 def _train_configs(params: Path, root: Path) -> list[Any]:
     """``train`` as every benchmark's models train with it (``load_train``, as the stage)."""
     from model.training.config import load_train
@@ -126,7 +140,8 @@ def check_params(before: dict[str, Any], after: dict[str, Any], changed: dict[st
     from pipeline.config import check_section
 
     if changed:
-        ours = {name for name in after if name in before and _ours(name, before[name])}
+        # Asked section by section, as the checks need it: asking imports the schema.
+        ours: Any = _LazyOurs(before, after)
     else:  # the file as it stands: every section is ours, and each must be known
         known = known_sections() or set()
         stray = sorted(name for name in after if name not in known)
@@ -147,24 +162,45 @@ def check_params(before: dict[str, Any], after: dict[str, Any], changed: dict[st
         given = " ".join(given or changed.values())
         return PipelineError(f"{given}: {reason}; change the override")
 
-    for name in sorted(ours):
+    def touched(read: tuple[str, ...]) -> bool:
+        return any(key == p or key.startswith(f"{p}.") or p.startswith(f"{key}.")
+                   for key in changed for p in read)
+
+    def section(name: str) -> None:
         try:
             check_section(name, after[name])
         except PipelineError as exc:
             raise fail((name,), exc) from None
-    checks = [(read, check) for read, check in CROSS_CHECKS
-              if {key.split(".")[0] for key in read} <= ours]
-    if not checks:
-        return
+
+    def applies(read: tuple[str, ...]) -> bool:
+        return all(key.split(".")[0] in ours for key in read)
+
+    # What the overrides touch first, its sections then its checks across sections: a bad
+    # override is refused before the schemas of the other sections are imported (the
+    # model's pull in torch, many seconds on a busy machine).
+    first = [n for n in sorted(after) if touched((n,)) and n in ours]
+    for name in first:
+        section(name)
     with tempfile.TemporaryDirectory(prefix="params-check-") as tmp:
         # The stages' loaders read a file: the same tree, written where nobody else looks.
         path = Path(tmp) / "params.yaml"
         path.write_text(yaml.safe_dump(after, sort_keys=False))
-        for read, check in checks:
+
+        def cross(read: tuple[str, ...], check: Callable[[Path, Path], Any]) -> None:
             try:
                 check(path, root)
             except PipelineError as exc:
                 raise fail(read, exc) from None
+
+        for read, check in CROSS_CHECKS:
+            if touched(read) and applies(read):
+                cross(read, check)
+        for name in sorted(after):
+            if name not in first and name in ours:
+                section(name)
+        for read, check in CROSS_CHECKS:
+            if not touched(read) and applies(read):
+                cross(read, check)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -137,6 +137,11 @@ class FetchParams:
     files: dict[str, FileSpec] = field(doc="destination path (under --out, e.g. "
                                            "fewrel/val_nyt.json) -> its url and sha256")
 
+    def __post_init__(self) -> None:
+        if not self.files:  # every later stage would fail on its missing inputs instead
+            raise ValueError("fetch.files is empty; declare at least one input, e.g. "
+                             "fewrel/val_nyt.json with its url and sha256 (see params.yaml)")
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from model.episodes import Setting
 from model.methods import registry
-from pipeline.config import field, register_section
+from pipeline.config import DEVICE_FIELD, field, register_section
 
 
 @register_section("evaluate")
@@ -56,7 +56,7 @@ class EvalConfig:
     floor: bool = field(doc="add the untrained frozen-encoder row")
     batch_episodes: int = field(ge=1, doc="episodes per forward pass of a head")
     encode_batch: int = field(ge=1, doc="sentences per encoder batch")
-    device: str = field(doc="auto (CUDA when present), cpu, cuda or cuda:N")
+    device: str = field(match=DEVICE_FIELD, doc="auto (CUDA when present), cpu, cuda or cuda:N")
     threads: int = field(ge=0, doc="torch intra-op threads per process (0 = torch's default)")
     calibration_bins: int = field(ge=1, doc="equal-width confidence bins of the ECE and the "
                                             "reliability diagram (Guo et al., 2017)")

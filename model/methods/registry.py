@@ -122,12 +122,17 @@ def get(name: str) -> Method:
 
 
 def check(names_: tuple[str, ...] | list[str], where: str) -> None:
-    """Raise (as a params error) if any of ``names_`` is not a registered method."""
+    """Raise (as a params error) if any of ``names_`` is not a registered method, or one is
+    named twice."""
     _load()
     unknown = [n for n in names_ if n not in _REGISTRY]
     if unknown:
         raise ValueError(f"{where} has unknown method(s) {unknown}; use some of "
                          f"{list(_REGISTRY)}")
+    twice = sorted({n for n in names_ if list(names_).count(n) > 1})
+    if twice:  # trained or scored twice, each run overwriting the other's outputs
+        raise ValueError(f"{where} lists {', '.join(twice)} more than once; name each method "
+                         "once")
 
 
 def config_for_method(params: ModelParams | dict[str, Any], method: str) -> RegrabConfig:

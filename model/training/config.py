@@ -19,6 +19,7 @@ from model.config import RegrabConfig
 from model.episodes import Setting
 from model.methods import registry
 from pipeline.config import (
+    DEVICE_FIELD,
     field,
     load_benchmarks,
     load_params,
@@ -110,7 +111,7 @@ class TrainConfig:
     checkpoint_every: int = field(ge=1, doc="write state.safetensors (the resume point) every "
                                             "this many steps")
     seed: int = field(doc="seed of episodes, initialisation, dropout and Langevin noise")
-    device: str = field(doc="auto (CUDA when present), cpu, cuda or cuda:N")
+    device: str = field(match=DEVICE_FIELD, doc="auto (CUDA when present), cpu, cuda or cuda:N")
     encode_batch: int = field(ge=1, doc="sentences per batch when encoding a whole split")
     dvclive: bool = field(doc="log training curves with dvclive under "
                               "{out}/split_i/{method}/dvclive")

@@ -33,7 +33,7 @@ from model.transe import optim as transe_optim
 from model.transe.model import TransE, TransEConfig
 from model.transe.optim import make_optimizer, train_epoch
 from model.transe.ranking import filtered_ranks, rank_metrics
-from pipeline.config import field, register_section
+from pipeline.config import DEVICE_FIELD, field, register_section
 from pipeline.errors import PipelineError
 from pipeline.io import remove_stale_temporaries
 from pipeline.schemas import embeddings_schema
@@ -59,7 +59,7 @@ class TrainTransEParams:
     """
 
     model: TransEConfig = field(doc="TransE and its training schedule")
-    device: str = field(doc="auto (CUDA when present), cpu or cuda[:N]")
+    device: str = field(match=DEVICE_FIELD, doc="auto (CUDA when present), cpu or cuda[:N]")
     threads: int = field(ge=0, doc="CPU threads for torch; 0 keeps torch's default (all cores)")
     checkpoint_every: int = field(ge=1, doc="write a checkpoint every this many epochs (and after "
                                             "the last)")

@@ -19,7 +19,7 @@ from orchestration.checks import check_scheduler
 from orchestration.flows import make_plan
 from orchestration.overrides import main as overrides_main
 from orchestration.overrides import resolve
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, run_cli
 from tests.pipeline.test_bad_inputs import ROOT, one_error_line, run
 
 
@@ -39,6 +39,14 @@ def project(tmp_path: Path) -> Path:
      "train (with benchmarks.fewrel.train).steps = 'abc': expected an integer"),
     ("train.ways", "[20]", "-S train.ways=[20]: comparison.max_ways 10 is below every train.ways"),
     ("prepare_fewshot.datasets", "[a, a]", "prepare_fewshot.datasets lists ['a'] more than once"),
+    ("evaluate.settings", "[1w1s]", "setting 1w1s has 1 way(s)"),
+    ("evaluate.settings", "[5w1s, 0w5s]", "every method would score 100%; give 2 or more ways"),
+    ("train.val_settings", "[1w5s]", "setting 1w5s has 1 way(s)"),
+    ("fetch.files", "{}", "fetch.files is empty; declare at least one input"),
+    ("train.device", "tpu", "train.device = 'tpu': expected auto, cpu, cuda or cuda:N"),
+    ("evaluate.device", "gpu", "evaluate.device = 'gpu': expected auto, cpu, cuda or cuda:N"),
+    ("train.methods", "[regrab, regrab]", "train.methods lists regrab more than once"),
+    ("evaluate.methods", "[proto, regrab, proto]", "evaluate.methods lists proto more than once"),
 ])
 def test_overrides_are_checked_as_every_stage_reads_them(project, key, value, message):
     with pytest.raises(PipelineError, match="change the override$") as err:
@@ -53,10 +61,51 @@ def test_a_good_override_passes_and_a_relative_encoder_is_found_from_the_root(pr
         "model.encoder.name": "enc"}
 
 
-def test_empty_seeds_is_one_line_before_prefect_starts():
-    line = one_error_line(run(["-m", "orchestration.flows", "-S", "split_nyt.seeds=[]"]))
+def test_empty_seeds_is_one_line_before_prefect_or_torch_is_imported():
+    done = run(["-X", "importtime", "-m", "orchestration.flows", "-S", "split_nyt.seeds=[]"])
+    imported = [line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")]
+    done.stderr = "".join(line + "\n" for line in done.stderr.splitlines()
+                          if not line.startswith("import time:"))
+    line = one_error_line(done)
     assert line == ("error: -S split_nyt.seeds=[]: split_nyt.seeds is empty; give at least one "
                     "seed; change the override")
+    heavy = {name.split(".")[0] for name in imported} & {"prefect", "torch", "transformers",
+                                                         "dvc", "dask"}
+    assert "orchestration.flow_command" in imported and not heavy, heavy
+
+
+def test_the_temporary_server_gets_the_time_a_busy_machine_needs(monkeypatch):
+    from orchestration import flow_command
+
+    monkeypatch.setattr(flow_command, "usable_cores", lambda: 2)
+    monkeypatch.setattr(flow_command.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert flow_command.server_startup_s() == flow_command.STARTUP_IDLE_S
+    monkeypatch.setattr(flow_command.os, "getloadavg", lambda: (4.0, 4.0, 4.0))
+    assert flow_command.server_startup_s() == 3 * flow_command.STARTUP_IDLE_S
+    monkeypatch.delenv(flow_command.STARTUP_ENV, raising=False)
+    flow_command.allow_server_startup()
+    assert os.environ[flow_command.STARTUP_ENV] == str(3 * flow_command.STARTUP_IDLE_S)
+    monkeypatch.setenv(flow_command.STARTUP_ENV, "999")  # the user's own setting stays
+    flow_command.allow_server_startup()
+    assert os.environ[flow_command.STARTUP_ENV] == "999"
+
+
+def test_a_server_that_does_not_start_is_one_line(monkeypatch, capsys):
+    from orchestration import flows
+
+    def timed_out(**kwargs):
+        raise RuntimeError("Timed out while attempting to connect to ephemeral Prefect API "
+                           "server. stdout: ... stderr: ...")
+
+    monkeypatch.setattr(flows, "make_plan", lambda *args: None)
+    monkeypatch.setattr(flows, "retrain", timed_out)
+    with pytest.raises(SystemExit) as exc:
+        run_cli(flows.main, ["--repo-dir", str(ROOT)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: Prefect's temporary server did not start within ")
+    assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS higher" in err
 
 
 def test_write_checks_before_writing_and_refuses_its_own_params_file(project, monkeypatch):

@@ -75,3 +75,19 @@ def test_every_stage_runs_after_check_params():
         (stage,) = repo.stage.collect("check_params")
         (dep,) = stage.params
         assert Path(dep.def_path).name == "params.yaml" and not dep.params
+
+
+@pytest.mark.parametrize(("section", "key", "value", "message"), [
+    ("evaluate", "settings", ["5w1s", "1w1s"], "setting 1w1s has 1 way(s)"),
+    ("fetch", "files", {}, "fetch.files is empty"),
+    ("train", "device", "tpu", "train.device = 'tpu': expected auto, cpu, cuda or cuda:N"),
+    ("train", "methods", ["regrab", "regrab"], "train.methods lists regrab more than once"),
+])
+def test_values_that_would_run_wrong_are_refused(tmp_path, monkeypatch, section, key, value,
+                                                 message):
+    monkeypatch.chdir(ROOT)
+    path = _params(tmp_path, lambda p: p[section].__setitem__(key, value))
+    with pytest.raises(PipelineError, match="fix params.yaml$") as err:
+        cp.main(["--params", str(path), "--out", str(tmp_path / "checked")])
+    assert message in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
