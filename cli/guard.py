@@ -4,6 +4,9 @@
   outputs), by name, symlink or hard link, stops the command before any work.
 * :func:`refuse_inside`: the same for an output folder, which must neither be an input nor
   hold one (``--force`` would replace a file in it that the command reads).
+* :func:`guard_process`: from a console script's first instruction to its last, SIGTERM
+  ends the process with the same line and 143 (while the command's modules load, and after
+  its work, when nothing is being written).
 * :func:`run_command`: :func:`pipeline.errors.run_cli`, plus SIGTERM (``kill``, a job
   scheduler's stop) unwinding like Ctrl-C, so the temporaries of an unfinished write are
   removed; it ends with one ``error:`` line and exit status 143. Everything the command
@@ -12,12 +15,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from cli.text import EscapingStream
@@ -73,6 +76,28 @@ def refuse_inside(out: Path, what: str, others: dict[str, Path | None]) -> None:
                 f"file being read (--force or not), give another {what} outside it")
 
 
+#: The line SIGTERM ends a command with (after ``error: ``).
+TERMINATED_LINE = ("terminated (SIGTERM); no output was left half-written, run the same "
+                   "command again to write it")
+
+
+def _exit_terminated(signum: int, frame: object) -> None:
+    for stream in (sys.stdout, sys.stderr):  # what the command printed is not lost
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(Exception):
+        os.write(2, f"error: {TERMINATED_LINE}\n".encode())
+    os._exit(TERMINATED)
+
+
+def guard_process() -> None:
+    """Until the process ends, SIGTERM outside :func:`run_command` (loading the command's
+    modules, or after its work) exits 143 with one ``error:`` line. Call it first, before
+    the heavy imports; nothing is written then, so there is nothing to unwind."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_terminated)
+
+
 def _terminate(owner: int) -> None:
     if os.getpid() != owner:  # a forked child: die as SIGTERM's default would
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -83,7 +108,7 @@ def _terminate(owner: int) -> None:
     raise Terminated
 
 
-@contextmanager
+@contextlib.contextmanager
 def escaped_output() -> Iterator[None]:
     """stdout and stderr escape control characters and lone surrogates until the end.
 
@@ -124,8 +149,7 @@ def _run(main: Callable[[list[str] | None], object], argv: list[str] | None) -> 
         tqdm = sys.modules.get("tqdm")  # a bar left open would hold the start of the line
         for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
             bar.close()
-        print("error: terminated (SIGTERM); no output was left half-written, run the same "
-              "command again to write it", file=sys.stderr)
+        print(f"error: {TERMINATED_LINE}", file=sys.stderr)
         sys.exit(TERMINATED)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -411,3 +411,50 @@ def test_a_newline_in_an_out_name_is_never_printed_raw(files, tmp_path, capsys):
     predict.main(_predict_argv(files, out))
     wrote = [line for line in capsys.readouterr().out.splitlines() if "wrote" in line]
     assert wrote == [f"wrote 3 rows to {tmp_path}/p\\x0aerror: fake.jsonl"]
+
+
+def _handles_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for SIGTERM (Linux's SigCgt mask)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(ln for ln in status.splitlines() if ln.startswith("SigCgt:")).split()[1],
+                 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+_ENTRY = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from cli import entry
+    flag = Path(sys.argv.pop(1))
+    entry.models()
+    flag.write_text("done")  # the work is over: what follows stands for a slow shutdown
+    time.sleep(120)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads /proc")
+@pytest.mark.parametrize("when", ["loading", "after the output is written"])
+def test_sigterm_outside_the_work_is_one_line_and_143(files, tmp_path, when):
+    out, flag = tmp_path / "model", tmp_path / "flag"
+    cmd = [sys.executable, "-c", _ENTRY, str(flag), "export", str(files["ckpt"]), "--out",
+           str(out), "--no-encoder"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        for _ in range(1200):  # until the entry point has installed its handler (or is done)
+            if proc.poll() is not None or (flag.exists() if when != "loading" else
+                                           _handles_sigterm(proc.pid)):
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == guard.TERMINATED, stderr[-2000:]
+    assert stderr == f"error: {guard.TERMINATED_LINE}\n"
+    if when == "loading":
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+    else:  # the folder written stays whole, and what the command printed is not lost
+        assert (out / "model.safetensors").is_file() and stdout.startswith("exported ")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["flag", "model"]
