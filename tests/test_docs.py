@@ -128,6 +128,14 @@ def test_the_readme_is_a_map_of_at_most_220_lines():
     assert len((ROOT / "README.md").read_text().splitlines()) <= README_MAX_LINES
 
 
+def test_the_readmes_common_tasks_name_the_three_ways_the_project_is_run():
+    text = (ROOT / "README.md").read_text()
+    tasks = text[text.index("## Common tasks"):text.index("## Development")]
+    for command in ("dvc exp run", "regrab-predict", "prefect deployment run",
+                    "make prefect-run"):
+        assert command in tasks, command
+
+
 def test_the_readme_links_every_docs_page():
     linked = {Path(t.partition("#")[0]).name for t in links((ROOT / "README.md").read_text())}
     assert {p.name for p in (ROOT / "docs").glob("*.md")} - linked == set()
