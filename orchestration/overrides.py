@@ -27,7 +27,7 @@ import yaml
 
 from pipeline.config import merged
 from pipeline.errors import PipelineError, run_cli
-from pipeline.io import atomic_path
+from pipeline.io import atomic_path, check_writable
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -227,6 +227,8 @@ def write_params(out: Path | None, base: Path, profiles: list[Path], sets: list[
         PipelineError: a missing file, an unknown key, a set without ``=``, a bad value, a
             value a stage would refuse.
     """
+    if out is not None:
+        check_writable(out, "--write")  # /proc/x.yaml, a read-only folder: one line, now
     original = _load(base, "a params file")
     params = copy.deepcopy(original)
     changed: dict[str, str] = {}

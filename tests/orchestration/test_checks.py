@@ -195,3 +195,11 @@ def test_a_real_sigint_ends_in_seconds_against_a_dead_api(tmp_path):
     assert line.startswith("error: interrupted (Ctrl-C); flow run 00000000") and "Traceback" \
         not in done.stderr
     assert (tmp_path / "undone").read_text() == "yes"
+
+
+@pytest.mark.parametrize("out", ["/proc/x.yaml", "/proc/no/such/x.yaml", "."])
+def test_write_to_a_place_that_cannot_be_written_is_one_line(project, monkeypatch, out):
+    monkeypatch.chdir(project)
+    with pytest.raises(PipelineError, match=r"^--write .* (cannot be written|is a folder)"):
+        overrides_main(["--write", out, "-S", "train.steps=7"])
+    assert sorted(p.name for p in project.iterdir()) == ["params.yaml"]
