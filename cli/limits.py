@@ -12,10 +12,8 @@ import argparse
 import os
 
 from model.predict.predictor import SEED_BOUND
+from pipeline.budget import check_memory
 from pipeline.errors import PipelineError
-
-#: The share of the machine's memory that the episode tables may take.
-MEMORY_SHARE = 0.5
 
 
 def check_seed(seed: int, flag: str = "--seed") -> int:
@@ -42,26 +40,16 @@ def check_threads(threads: int, flag: str = "--threads") -> int:
     return threads
 
 
-def memory() -> int:
-    """The machine's physical memory in bytes."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def check_episodes(episodes: int, per_episode: int, flag: str = "--episodes") -> int:
-    """``episodes`` when ``per_episode`` bytes each fit in :data:`MEMORY_SHARE` of memory.
+    """``episodes`` when ``per_episode`` bytes each fit in half the machine's memory
+    (:func:`pipeline.budget.check_memory`).
 
     Args:
         episodes: the count asked for.
         per_episode: an estimate of the bytes one episode holds while the command runs.
         flag: the option, for the message.
     """
-    budget = int(memory() * MEMORY_SHARE)
-    most = max(budget // max(per_episode, 1), 1)
-    if episodes > most:
-        raise PipelineError(
-            f"{flag} {episodes} would need about {episodes * per_episode / 2**30:.0f} GiB, more "
-            f"than half of this machine's {memory() / 2**30:.0f} GiB; give at most {most}")
-    return episodes
+    return check_memory(episodes, per_episode, flag)
 
 
 def add_run_options(parser: argparse.ArgumentParser, seed_help: str, chunk_help: str) -> None:

@@ -105,6 +105,56 @@ def _datasets(params: Path, root: Path) -> None:
     check_datasets(list(load_params(params, "prepare_fewshot")["datasets"]))
 
 
+def _evaluate_memory(params: Path, root: Path) -> None:
+    from model.episodes import Setting
+    from model.evaluation.config import EvalConfig
+    from pipeline.budget import check_memory
+    from pipeline.config import load_section
+
+    cfg = load_section(EvalConfig, "evaluate", params)
+    # Each setting's episode table (int64 rows) and every method's probabilities.
+    per_episode = sum(s.ways * (s.shots + cfg.queries) * 8
+                      + len(cfg.methods) * s.ways * cfg.queries * s.ways * 8
+                      for s in map(Setting.parse, cfg.settings))
+    check_memory(cfg.episodes, per_episode, "evaluate.episodes")
+
+
+def _langevin_time(params: Path, root: Path) -> None:
+    import dataclasses
+
+    from model.episodes import Setting
+    from model.evaluation.config import EvalConfig
+    from model.methods import registry
+    from model.posterior.cost import chain_seconds
+    from model.posterior.langevin import LangevinConfig
+    from model.training.config import load_comparison, load_train
+    from pipeline.budget import check_time
+    from pipeline.config import load_params, load_section, parse_section
+
+    cfg = parse_section(LangevinConfig, load_params(params, "model")["langevin"],
+                        "model.langevin")
+    train, ev = load_train(params), load_section(EvalConfig, "evaluate", params)
+    comparison = load_comparison(params, train.methods)
+    settings = [Setting.parse(s) for s in ev.settings]
+    ways = max([*train.ways, *(s.ways for s in settings)])
+    shots = max([*train.shots, *(s.shots for s in settings)])
+    # Chains of one split: a chain per training step, and per episode of each setting scored.
+    chains = {m: train.steps for m in train.methods}
+    for m in ev.methods:
+        chains[m] = chains.get(m, 0) + ev.episodes * len(settings)
+    for m in comparison.methods:
+        chains[m] = chains.get(m, 0) + train.steps + comparison.episodes * len(settings)
+    stepwise = dataclasses.replace(cfg, likelihood="softmax")
+    cost = {False: chain_seconds(cfg, ways, shots)}
+    if any(registry.get(m).stepwise for m in chains):
+        cost[True] = chain_seconds(stepwise, ways, shots)
+    total = sum(n * cost[registry.get(m).stepwise] for m, n in chains.items())
+    count = sum(chains.values())
+    check_time("the Langevin chains of one split's training and evaluation", count,
+               total / max(count, 1), "chain",
+               "lower model.langevin.steps (or train.steps, evaluate.episodes)")
+
+
 #: (keys read, as section or dotted prefixes; the check of (a params file, the folder the
 #: stages run in)): run when every section read is ours; a failure names the overrides of
 #: those keys.
@@ -114,6 +164,8 @@ CROSS_CHECKS: list[tuple[tuple[str, ...], Callable[[Path, Path], Any]]] = [
     (("model.encoder.name",), _encoder),
     (("split_nyt.seeds",), _seeds),
     (("prepare_fewshot.datasets",), _datasets),
+    (("evaluate",), _evaluate_memory),
+    (("model.langevin", "train", "benchmarks", "comparison", "evaluate"), _langevin_time),
 ]
 
 

@@ -59,6 +59,8 @@ class Method:
         seed: the method's own random stream for training (see :attr:`seed_stream`).
         sizes: the ``model.heads`` entry its head is built from, copied into its config
             (None: it reads none).
+        stepwise: its head runs ``model.langevin.steps`` tensor updates per episode whatever
+            the likelihood (SVGD), so each step costs what a softmax SGLD step does.
     """
 
     name: str
@@ -69,6 +71,7 @@ class Method:
     similarity: str | None = None
     seed: int | None = None
     sizes: Literal["gnn", "snail", "pair"] | None = None
+    stepwise: bool = False
 
     @property
     def seed_stream(self) -> int:

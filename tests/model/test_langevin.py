@@ -6,6 +6,7 @@ import torch
 from model.posterior.langevin import (
     LangevinConfig,
     LangevinSampler,
+    chain_coefficients,
     init_prototypes,
     langevin_step,
     preconditioner,
@@ -303,3 +304,25 @@ def test_sampler_logits_project_at_evaluation_and_score_samples_in_training(shot
     assert torch.allclose(torch.softmax(fast, -1).mean(1), torch.softmax(slow, -1).mean(1),
                           atol=0.01)
     assert torch.allclose(fast.std(1), slow.std(1), rtol=0.03)
+
+
+def test_a_chain_of_a_billion_steps_stops_at_its_fixed_point_with_the_same_numbers():
+    cfg = model_config().langevin
+    for eps, decay in ((1.0, 1.0), (0.5, 0.5), (0.01, 1.0)):
+        short = dataclasses.replace(cfg, steps=200_000, step_size=eps, step_decay=decay)
+        c, spread, ran = chain_coefficients(dataclasses.replace(short, steps=10**9))
+        assert ran < short.steps and (c, spread) == chain_coefficients(short)[:2]
+    five = dataclasses.replace(cfg, steps=5, step_size=1.0, step_decay=1.0)
+    assert chain_coefficients(five) == (0.5 ** 5, sum(0.25 ** t for t in range(5)), 5)
+
+
+def test_what_a_chain_costs_is_measured_and_a_year_of_steps_is_refused():
+    from model.posterior.cost import chain_seconds
+    from pipeline.budget import check_time
+
+    cfg = dataclasses.replace(model_config().langevin, likelihood="softmax", steps=2)
+    two = chain_seconds(cfg, 3, 1, dim=8)
+    assert two > 0 and chain_seconds(dataclasses.replace(cfg, steps=0), 3, 1) == 0.0
+    with pytest.raises(PipelineError, match=r"would take about .* more than 7.0 days; lower"):
+        check_time("the chains", 10**12, two, "chain", "lower model.langevin.steps")
+    check_time("the chains", 10, two, "chain", "lower model.langevin.steps")

@@ -47,6 +47,9 @@ def project(tmp_path: Path) -> Path:
     ("evaluate.device", "gpu", "evaluate.device = 'gpu': expected auto, cpu, cuda or cuda:N"),
     ("train.methods", "[regrab, regrab]", "train.methods lists regrab more than once"),
     ("evaluate.methods", "[proto, regrab, proto]", "evaluate.methods lists proto more than once"),
+    ("evaluate.episodes", "1000000000000", "evaluate.episodes 1000000000000 would need about"),
+    ("model.langevin.steps", "1000000000", "the Langevin chains of one split's training and "
+                                           "evaluation would take about"),
 ])
 def test_overrides_are_checked_as_every_stage_reads_them(project, key, value, message):
     with pytest.raises(PipelineError, match="change the override$") as err:
