@@ -9,10 +9,12 @@ the data and model were loaded. Here each is one ``error:`` line naming the boun
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+from typing import Any
 
 from model.predict.predictor import SEED_BOUND
-from pipeline.budget import check_memory
+from pipeline.budget import check_memory, check_time
 from pipeline.errors import PipelineError
 
 
@@ -50,6 +52,22 @@ def check_episodes(episodes: int, per_episode: int, flag: str = "--episodes") ->
         flag: the option, for the message.
     """
     return check_memory(episodes, per_episode, flag)
+
+
+def check_chain_time(model: Any, ways: int, shots: int, chains: int) -> None:
+    """Stop when the posterior chains of ``model`` (a :class:`model.methods.base` model, as
+    a checkpoint stored it) for ``chains`` episodes of ``ways`` x ``shots`` would run past
+    :data:`pipeline.budget.MAX_RUN_S` on this machine (a checkpoint with
+    ``langevin.steps: 1000000000``), naming what they would cost."""
+    from model.methods import registry
+    from model.posterior.cost import chain_seconds
+
+    cfg = model.config.langevin
+    if registry.get(model.config.method).stepwise:
+        cfg = dataclasses.replace(cfg, likelihood="softmax")
+    check_time(f"this checkpoint's posterior ({cfg.steps:,} Langevin steps per chain)", chains,
+               chain_seconds(cfg, ways, max(shots, 1), model.encoder.out_dim), "chain",
+               "use a checkpoint trained with fewer model.langevin.steps")
 
 
 def add_run_options(parser: argparse.ArgumentParser, seed_help: str, chunk_help: str) -> None:

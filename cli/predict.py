@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from cli.files import check_output, check_readable, read_records, write_predictions
 from cli.guard import refuse_same, run_command
-from cli.limits import add_run_options, check_run_options
+from cli.limits import add_run_options, check_chain_time, check_run_options
 from cli.text import lone_surrogate, shown
 from model.evaluation.uncertainty import POSTERIOR_SCORES, SCORES
 from model.predict.abstain import DEFAULT_RATE
@@ -328,10 +328,13 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
         args.checkpoint, device, seed=args.seed, threshold=args.threshold,
         abstain_rate=args.abstain_rate, abstain_score=args.abstain_score,
         batch_size=args.batch_size)
+    starts = range(0, len(queries), args.chunk)
+    # Before the support's posterior is sampled: a chain of 10^9 steps must not start.
+    check_chain_time(predictor.model, len(support), max(map(len, support.values())),
+                     len(starts) + 1)
     summary = predictor.set_support(support, names=names, descriptions=descriptions)
     rule = predictor.abstain_rule()
     rows: list[dict[str, Any]] = []
-    starts = range(0, len(queries), args.chunk)
     for s in tqdm(starts, desc="predict", unit="chunk", disable=len(starts) < 2):
         part = queries[s : s + args.chunk]
         try:

@@ -278,3 +278,28 @@ def test_summary_on_an_ascii_terminal_escapes_what_it_cannot_print(files, tmp_pa
     printed = raw.getvalue().decode("ascii")
     assert "P\\xe9\\u2192" in printed and "wrote 3 rows" in printed
     assert "Pé→" in out.read_text(encoding="utf-8")
+
+
+# ------------------------------------------------- a checkpoint of a billion Langevin steps
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_a_billion_steps_answers_or_says_what_it_would_cost(files, capsys,
+                                                                              tmp_path):
+    import signal
+
+    gaussian = tiny_checkpoint(files["root"], steps=10**9)
+    out = tmp_path / "out.jsonl"
+    signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("no answer")))
+    signal.alarm(120)  # the chain stops at its fixed point: seconds, not hours
+    try:
+        predict.main(_argv({**files, "ckpt": gaussian}, out))
+        assert len(out.read_text().splitlines()) == 3
+        softmax = tiny_checkpoint(files["root"], steps=10**9, likelihood="softmax")
+        err = _one_error(capsys, lambda: predict.main(_argv({**files, "ckpt": softmax},
+                                                            tmp_path / "o2.jsonl")))
+    finally:
+        signal.alarm(0)
+    assert "this checkpoint's posterior (1,000,000,000 Langevin steps per chain) would take " \
+           "about" in err and "measured here" in err and "fewer model.langevin.steps" in err
+    assert not (tmp_path / "o2.jsonl").exists()
