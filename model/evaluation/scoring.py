@@ -27,10 +27,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from model.episodes import log_predictive_batches
 from model.evaluation.uncertainty import mc_log_probs, uncertainty_scores
 
+#: Batches of episodes from which scoring shows a progress bar (on a terminal).
+PROGRESS_BATCHES = 100
 #: Label of a query whose relation is none of the episode's N ways (NOTA episodes).
 OUTSIDE = -1
 
@@ -108,12 +111,19 @@ def score_episodes(
     """
     parts: list[np.ndarray] = []
     scores: dict[str, list[np.ndarray]] = {}
+    batches = math.ceil(relation.shape[0] / max(batch_size, 1))
+    # A long scoring (regrab-score --episodes 1000000) shows where it is; the default
+    # runs' few batches do not.
+    bar = tqdm(total=batches, desc="episodes", unit="batch", leave=False,
+               disable=None if batches >= PROGRESS_BATCHES else True)
     for logits in log_predictive_batches(head, encodings, relation, support, query,
                                          relation_rows, batch_size, generator, samples=True):
+        bar.update()
         log_p = mc_log_probs(logits)
         parts.append(log_p.float().cpu().numpy())
         for name, value in uncertainty_scores(logits, log_p=log_p).items():
             scores.setdefault(name, []).append(value.cpu().numpy())
+    bar.close()
     log_p = np.concatenate(parts) if parts else np.zeros((0, query.shape[1], relation.shape[1]))
     out = scores_from_log_probs(log_p, label)
     return log_p, dataclasses.replace(out, uncertainty={k: np.concatenate(v)

@@ -125,3 +125,32 @@ def test_best_threshold_extremes():
     none_outside = EpisodeScores(np.zeros((1, 3), int), np.array([[0.5, 0.7, 1.0]]),
                                  np.zeros((1, 3), int))
     assert best_threshold(none_outside) == 0.0
+
+
+def test_a_long_scoring_shows_its_progress_and_a_short_one_does_not(monkeypatch):
+    from model.evaluation import scoring
+
+    shown = []
+
+    class Bar:
+        def __init__(self, total, disable, **kwargs):
+            self.total, self.on, self.n = total, disable is not True, 0
+            shown.append(self)
+
+        def update(self):
+            self.n += 1
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(scoring, "tqdm", Bar)
+    sampler = _rows_sampler()
+    enc = torch.randn(40, 5, generator=torch.Generator().manual_seed(1))
+    ep = sampler.sample(np.random.default_rng(0), 3, 1, 1, 30)
+    query, label = flat_queries(ep.query)
+    head, rows = PrototypeHead("euclidean", 1.0).eval(), torch.full((5,), -1)
+    for batch in (10, 1):  # 3 batches, then 30 (a bar from PROGRESS_BATCHES on)
+        monkeypatch.setattr(scoring, "PROGRESS_BATCHES", 30)
+        score_episodes(head, enc, ep.relation, ep.support, query, label, rows, batch,
+                       torch.Generator().manual_seed(3))
+    assert [(b.total, b.on, b.n) for b in shown] == [(3, False, 3), (30, True, 30)]
