@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import zlib
 from pathlib import Path
 from typing import Any
@@ -174,14 +175,21 @@ def paired(accuracy: dict[str, dict[str, dict[str, Any]]],
     return out
 
 
+#: Keys of a NOTA cell that hold figures of every uncertainty score (left out of reports).
+PER_SCORE = ("detection", "roc")
+
+
 def _nota_summary(nota: dict[str, dict[str, dict[str, dict[str, float]]]]) -> dict[str, Any]:
     rows: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for split, methods in nota.items():
         for method, keys in methods.items():
             for key, cell in keys.items():
                 rows.setdefault(method, {}).setdefault(key, {})[split] = cell
+    # A split's cell without its detection figures of every score and its ROC curve: the
+    # detection section summarises those (pipeline.detection), no page reads them per split.
     return {method: {key: {**interval(c["acc"] for c in by_split.values()),
-                           "per_split": {s: c for s, c in by_split.items()}}
+                           "per_split": {s: {k: v for k, v in c.items() if k not in PER_SCORE}
+                                         for s, c in by_split.items()}}
                      for key, by_split in keys.items()}
             for method, keys in rows.items()}
 
@@ -212,21 +220,31 @@ def headline_metrics(report: dict[str, Any], benchmark: str,
     return {k: v for k, v in out.items() if v}
 
 
-def write_json_ordered(obj: Any, path: str | os.PathLike[str]) -> None:
-    """Indented JSON in insertion order (``dvc exp show`` keeps it), NaN written as null."""
+#: An indented JSON list that holds only numbers and nulls.
+NUMBER_LIST = re.compile(r"\[\s*((?:-?[\d.eE+-]+|null)(?:,\s*(?:-?[\d.eE+-]+|null))*)\s*\]")
+
+
+def write_json_ordered(obj: Any, path: str | os.PathLike[str], digits: int | None = None
+                       ) -> None:
+    """Indented JSON in insertion order (``dvc exp show`` keeps it), NaN written as null;
+    with ``digits``, numbers rounded to that many decimals (reports: the pages show two)."""
     def clean(x: Any) -> Any:
         if isinstance(x, dict):
             return {str(k): clean(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)):
             return [clean(v) for v in x]
         if isinstance(x, (float, np.floating)):
-            return None if math.isnan(x) else float(x)
+            return None if math.isnan(x) else float(x if digits is None else round(x, digits))
         if isinstance(x, np.integer):
             return int(x)
         return x
 
+    text = json.dumps(clean(obj), indent=2, allow_nan=False)
+    # A list of numbers on one line: curves of a hundred points stay a line each, not a page.
+    text = NUMBER_LIST.sub(lambda m: "[" + ", ".join(v.strip() for v in m[1].split(",")) + "]",
+                           text)
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(clean(obj), indent=2, allow_nan=False) + "\n")
+        tmp.write_text(text + "\n")
 
 
 def _pm(mean: float | None, ci: float | None, signed: bool = False) -> str:

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with atomic_paths(*outputs) as (metrics_tmp, report_tmp, table_tmp, plot_tmp,
                                     reliability_tmp, selective_tmp, roc_tmp):
         report.write_json_ordered(metrics, metrics_tmp)
-        report.write_json_ordered(summary, report_tmp)
+        report.write_json_ordered(summary, report_tmp, digits=4)
         table_tmp.write_text(report.markdown_report(summary, settings, note)
                              + "\n".join(detection.markdown_detection(summary)) + "\n")
         report.plot_accuracy(summary, settings, plot_tmp, args.benchmark)

@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with atomic_paths(args.metrics, args.report, args.table) as (m_tmp, r_tmp, t_tmp):
         report.write_json_ordered(
             headline(results, [n for n in results if params.sets[n].shuffle]), m_tmp)
-        report.write_json_ordered(results, r_tmp)
+        report.write_json_ordered(results, r_tmp, digits=4)
         t_tmp.write_text(markdown(results, params))
     return results
 
