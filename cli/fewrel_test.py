@@ -143,21 +143,18 @@ def parse_episodes(data: Any, source: str = "input") -> list[TestEpisode]:
 
 
 def read_pid2name(path: Path) -> dict[str, tuple[str, str | None]]:
-    """Names and descriptions from FewRel's ``pid2name.json``: ``{"P17": [name, description]}``,
-    each entry read by :func:`pipeline.fewrel.relation_text` (FewRel's "No description
-    defined" placeholder is no description)."""
+    """Names and descriptions from FewRel's ``pid2name.json`` (``{"P17": [name, description]}``)
+    as :func:`pipeline.fewrel.relation_text` reads them."""
     fix = "give --pid2name FewRel's pid2name.json: {\"P17\": [name, description], ...}"
     check_readable(path, "--pid2name")
     data = load_json(path, fix=fix)
     if not isinstance(data, Mapping):
         raise PipelineError(f"--pid2name {path} is not a JSON object; {fix}")
-    texts = {}
-    for pid, value in data.items():
-        text = relation_text(value)
+    texts = {pid: relation_text(value) for pid, value in data.items()}
+    for pid, text in texts.items():
         if text is None or lone_surrogate([pid, *(t for t in text if t)]):
             raise PipelineError(f"--pid2name {path}: {pid!r} is not [name, description] with "
                                 f"a name; {fix}")
-        texts[pid] = text
     return texts
 
 
