@@ -15,6 +15,7 @@ negatives per positive and runs dense Adam over the whole tables (its default).
 
 Usage (needs ``pip install pykeen==1.11.1``; the shared CPU makes short runs noisy):
     REGRAB_DATA_MIRROR=../shared/data python benchmarks/bench_transe.py --threads 2 --epochs 1
+    python benchmarks/bench_transe.py --only ours --dim 128 --chunk-size 256 --threads 1,2,1,2
     python benchmarks/bench_transe.py --triples data/wikidata/triples.parquet --dim 512
     python benchmarks/bench_transe.py --max-triples 30000 --dim 64 --epochs 3 --pykeen-evaluator
 """
@@ -28,6 +29,8 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import hashlib  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -39,8 +42,12 @@ import torch  # noqa: E402
 from model.transe.model import TransE, TransEConfig  # noqa: E402
 from model.transe.optim import make_optimizer, train_epoch  # noqa: E402
 from model.transe.ranking import filtered_ranks, rank_metrics  # noqa: E402
-from model.transe.training import encode_triples, split_heldout  # noqa: E402
-from pipeline.config import data_mirror  # noqa: E402
+from model.transe.training import (  # noqa: E402
+    TrainTransEParams,
+    encode_triples,
+    split_heldout,
+)
+from pipeline.config import data_mirror, load_section  # noqa: E402
 from pipeline.errors import PipelineError  # noqa: E402
 from pipeline.io import read_parquet  # noqa: E402
 from pipeline.schemas import TRIPLES_SCHEMA  # noqa: E402
@@ -67,18 +74,17 @@ def mirror_triples(mirror: Path) -> pa.Table:
     return pa.concat_tables(tables).cast(TRIPLES_SCHEMA)
 
 
+def config(args, **changes) -> TransEConfig:
+    """params.yaml's TransE config (loss, normalisation...) with the command line's sizes."""
+    base = load_section(TrainTransEParams, "train_transe", args.params).model
+    return dataclasses.replace(
+        base, dim=args.dim, epochs=args.epochs, batch_size=args.batch_size,
+        negatives=args.negatives, chunk_size=args.chunk_size, lr=args.lr, margin=args.margin,
+        p_norm=args.p_norm, seed=args.seed, **changes)
+
+
 def run_ours(train, held, known, num_entities, num_relations, args) -> dict:
-    cfg = TransEConfig(
-        dim=args.dim,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        negatives=args.negatives,
-        chunk_size=args.chunk_size,
-        lr=args.lr,
-        margin=args.margin,
-        p_norm=args.p_norm,
-        seed=args.seed,
-    )
+    cfg = config(args)
     generator = torch.Generator().manual_seed(args.seed)
     model = TransE(num_entities, num_relations, cfg, generator)
     optimizer = make_optimizer(model)
@@ -87,7 +93,8 @@ def run_ours(train, held, known, num_entities, num_relations, args) -> dict:
         train_epoch(model, optimizer, train, generator)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     metrics = rank_metrics(filtered_ranks(model, held, known))
-    return {"wall": wall, "cpu": cpu, **metrics}
+    tables = model.entities.numpy().tobytes() + model.relations.numpy().tobytes()
+    return {"wall": wall, "cpu": cpu, "sha256": hashlib.sha256(tables).hexdigest(), **metrics}
 
 
 def run_pykeen(train, held, known, num_entities, num_relations, args) -> dict:
@@ -127,7 +134,7 @@ def run_pykeen(train, held, known, num_entities, num_relations, args) -> dict:
     print(f"pykeen: trained in {wall:.1f}s wall", flush=True)
 
     # Same evaluator as ours: put PyKEEN's (already unit-norm) tables into our model.
-    cfg = TransEConfig(dim=args.dim, p_norm=args.p_norm, chunk_size=1, batch_size=1)
+    cfg = config(args, chunk_size=1, batch_size=1)
     ours = TransE(num_entities, num_relations, cfg, torch.Generator().manual_seed(0))
     with torch.no_grad():
         ours.entities.copy_(model.entity_representations[0](indices=None))
@@ -163,7 +170,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--margin", type=float, default=0.25)
     parser.add_argument("--p-norm", type=int, default=2, choices=(1, 2))
     parser.add_argument("--heldout-fraction", type=float, default=0.005)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", default="2",
+                        help="torch threads; a comma list (1,2) trains ours once per count, "
+                             "side by side, and says whether the tables are the same bytes")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"),
+                        help="where TransE's loss and normalisation come from")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=("ours", "pykeen"), help="run one side only")
     parser.add_argument(
@@ -176,7 +187,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    counts = [int(t) for t in str(args.threads).split(",")]
+    torch.set_num_threads(counts[0])
     if args.triples:
         table = read_parquet(args.triples, TRIPLES_SCHEMA)
     else:
@@ -202,10 +214,15 @@ def main(argv: list[str] | None = None) -> dict:
         flush=True,
     )
     results = {}
-    runners = {"ours": run_ours, "pykeen": run_pykeen}
-    for name, run in runners.items():
-        if args.only and name != args.only:
+    # With several thread counts, ours trains once per count, one after the other in this
+    # process: the same data and load for each, so the speeds compare side by side.
+    runners = {("ours" if len(counts) == 1 else f"ours, run {i + 1}, {t} threads"): (run_ours, t)
+               for i, t in enumerate(counts)}
+    runners["pykeen"] = (run_pykeen, counts[0])
+    for name, (run, threads) in runners.items():
+        if args.only and not name.startswith(args.only):
             continue
+        torch.set_num_threads(threads)
         results[name] = run(train, held, known, num_entities, num_relations, args)
         done = results[name]
         print(
@@ -226,7 +243,12 @@ def main(argv: list[str] | None = None) -> dict:
             f"| {name} | {r['wall']:.1f} | {r['cpu']:.1f} | {seen / r['wall']:,.0f} | "
             f"{r['mrr']:.4f} | {r['hits_at_10']:.4f} | {r.get('pykeen_mrr', float('nan')):.4f} |"
         )
-    if len(results) == 2:
+    ours = [r for name, r in results.items() if name.startswith("ours")]
+    if len(ours) > 1:
+        same = len({r["sha256"] for r in ours}) == 1
+        print(f"\ntables after training: {'the same bytes' if same else 'DIFFERENT bytes'} "
+              f"with {', '.join(map(str, counts))} threads")
+    if "pykeen" in results and "ours" in results:
         speedup = results["pykeen"]["wall"] / results["ours"]["wall"]
         print(f"\nspeed-up of ours over PyKEEN (wall clock): {speedup:.1f}x")
     return results

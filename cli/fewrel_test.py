@@ -62,7 +62,7 @@ from model.predict.sentences import Sentence, parse_sentence
 from model.prior.labels import PRIOR_KINDS, relation_name
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError
-from pipeline.fewrel import load_json
+from pipeline.fewrel import load_json, relation_text
 from pipeline.io import atomic_path, check_writable
 
 COMMANDS = ("predict", "make", "score")
@@ -143,19 +143,19 @@ def parse_episodes(data: Any, source: str = "input") -> list[TestEpisode]:
 
 
 def read_pid2name(path: Path) -> dict[str, tuple[str, str | None]]:
-    """Names and descriptions from FewRel's ``pid2name.json``: ``{"P17": [name, description]}``."""
+    """Names and descriptions from FewRel's ``pid2name.json`` (``{"P17": [name, description]}``)
+    as :func:`pipeline.fewrel.relation_text` reads them."""
     fix = "give --pid2name FewRel's pid2name.json: {\"P17\": [name, description], ...}"
     check_readable(path, "--pid2name")
     data = load_json(path, fix=fix)
     if not isinstance(data, Mapping):
         raise PipelineError(f"--pid2name {path} is not a JSON object; {fix}")
-    for pid, value in data.items():
-        name = value[0] if isinstance(value, list) and value else None
-        if not isinstance(name, str) or not name.strip() or lone_surrogate([pid, name]):
+    texts = {pid: relation_text(value) for pid, value in data.items()}
+    for pid, text in texts.items():
+        if text is None or lone_surrogate([pid, *(t for t in text if t)]):
             raise PipelineError(f"--pid2name {path}: {pid!r} is not [name, description] with "
                                 f"a name; {fix}")
-    return {pid: (v[0].strip(), v[1] if len(v) > 1 and isinstance(v[1], str) else None)
-            for pid, v in data.items()}
+    return texts
 
 
 def make_episodes(data: Any, ways: int, shots: int, count: int, seed: int,

@@ -52,7 +52,7 @@ from model.predict.predictor import NonFinite, Predictor
 from model.predict.sentences import Sentence, has_sentence, parse_sentence
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError
-from pipeline.fewrel import NO_DESCRIPTION, load_relation_texts
+from pipeline.fewrel import load_relation_texts, relation_text
 
 SHOWN_SKIPS = 5
 
@@ -156,13 +156,8 @@ def read_relation_texts(path: Path, option: str = "--relations"
 
 def _entry(value: Any) -> tuple[str, str | None] | Any:
     """A relations-file entry as :func:`load_relation_texts` keeps it (anything else: as is)."""
-    if not (isinstance(value, list) and 1 <= len(value) <= 2
-            and all(isinstance(v, str) for v in value)):
-        return value
-    description = " ".join(value[1].split()) if len(value) == 2 else ""
-    if description.lower() in NO_DESCRIPTION:  # FewRel's placeholder, as the loader reads it
-        description = ""
-    return " ".join(value[0].split()), description or None
+    text = relation_text(value)
+    return value if text is None else text
 
 
 def _shown(text: Any, width: int = 60) -> str:

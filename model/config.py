@@ -35,6 +35,22 @@ MAX_LAYERS = 64
 MAX_CHUNK = 1 << 28
 
 
+def chunk_field(what: str) -> Any:
+    """A head's chunk size field: at most this many ``what`` per forward pass."""
+    return field(ge=1, le=MAX_CHUNK,
+                 doc=f"at most this many {what} per forward pass; larger batches of episodes "
+                     "are split into chunks (exact: episodes are independent), which bounds "
+                     "evaluation memory")
+
+
+def metric_temperature_field(adds: str, alone: str) -> Any:
+    """A head's ``metric_temperature`` field: the fixed Euclidean term ``adds`` says where
+    goes (:func:`model.methods.base.metric_log_gain`), ``alone`` what scores without it."""
+    return field(ge=0, le=1e4,
+                 doc=f"T of the fixed Euclidean term -|e_i - e_j|^2 / (2 T) on the encodings "
+                     f"that {adds} adds; its gain is learned from 1 / T; 0: none ({alone})")
+
+
 @dataclass(frozen=True)
 class GNNConfig:
     """``model.heads.gnn``: sizes of the few-shot GNN (:mod:`model.methods.gnn`)."""
@@ -47,16 +63,9 @@ class GNNConfig:
     layers: int = field(ge=0, le=MAX_LAYERS, doc="hidden graph convolutions before the output one")
     metric_hidden: int = field(ge=1, le=MAX_WIDTH, doc="width of P and of the hidden layer of each "
                                                        "adjacency MLP")
-    chunk_pairs: int = field(ge=1, le=MAX_CHUNK,
-                             doc="at most this many (node, neighbour) pairs per forward "
-                                 "pass; larger batches of episodes are split into chunks "
-                                 "(exact: episodes are independent), which bounds "
-                                 "evaluation memory")
-    metric_temperature: float = field(
-        ge=0, le=1e4,
-        doc="T of the fixed Euclidean term -|e_i - e_j|^2 / (2 T) on the encodings that "
-            "every adjacency adds; its gain is learned from 1 / T; 0: none (the learned "
-            "metric alone)")
+    chunk_pairs: int = chunk_field("(node, neighbour) pairs")
+    metric_temperature: float = metric_temperature_field("every adjacency",
+                                                         "the learned metric alone")
 
 
 @dataclass(frozen=True)
@@ -72,16 +81,9 @@ class SnailConfig:
     attention: tuple[tuple[int, int], ...] = field(doc="(key size, value size) of each "
                                                        "attention block; TC blocks sit "
                                                        "between them")
-    chunk_positions: int = field(ge=1, le=MAX_CHUNK,
-                                 doc="at most this many sequence positions per forward "
-                                     "pass; larger batches of episodes are split into "
-                                     "chunks (exact: episodes are independent), which "
-                                     "bounds evaluation memory")
-    metric_temperature: float = field(
-        ge=0, le=1e4,
-        doc="T of the fixed Euclidean term -|e_i - e_j|^2 / (2 T) on the encodings that "
-            "each attention block adds; its gain is learned from 1 / T; 0: none (the "
-            "learned keys alone)")
+    chunk_positions: int = chunk_field("sequence positions")
+    metric_temperature: float = metric_temperature_field("each attention block",
+                                                         "the learned keys alone")
 
     def __post_init__(self) -> None:
         if not self.attention or any(len(a) != 2 or not 1 <= min(a) <= max(a) <= MAX_WIDTH
@@ -103,16 +105,9 @@ class PairConfig:
     ff: int = field(ge=1, le=4 * MAX_WIDTH, doc="hidden width of each layer's feed-forward")
     dropout: float = field(ge=0, lt=1, doc="dropout of each layer (attention weights, "
                                            "residual branches, feed-forward)")
-    chunk_pairs: int = field(ge=1, le=MAX_CHUNK,
-                             doc="at most this many (query, support) pairs per forward "
-                                 "pass; larger batches of episodes are split into chunks "
-                                 "(exact: episodes are independent), which bounds "
-                                 "evaluation memory")
-    metric_temperature: float = field(
-        ge=0, le=1e4,
-        doc="T of the fixed Euclidean term -|e_i - e_j|^2 / (2 T) on the encodings that "
-            "each pair score adds; its gain is learned from 1 / T; 0: none (the learned "
-            "[CLS] score alone)")
+    chunk_pairs: int = chunk_field("(query, support) pairs")
+    metric_temperature: float = metric_temperature_field("each pair score",
+                                                         "the learned [CLS] score alone")
 
     def __post_init__(self) -> None:
         if self.width % self.heads:

@@ -65,7 +65,9 @@ def summarise_detection(nota: dict[str, dict[str, dict[str, Any]]]) -> dict[str,
             if not all("detection" in c for c in by_split.values()):
                 continue
             first = next(iter(by_split.values()))
-            scores = {score: {m: _iv({s: c["detection"][score][m] for s, c in by_split.items()})
+            # Every score's figures over splits, without the per-split values no page reads
+            # (they made reports megabytes); the chosen scores keep theirs for the paired test.
+            scores = {score: {m: interval(c["detection"][score][m] for c in by_split.values())
                               for m in MEASURES} for score in first["detection"]}
             entry: dict[str, Any] = {"scores": scores}
             for pick in ("best", "best_point"):
@@ -115,7 +117,7 @@ def summarise_selective(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str
                 continue
             first = next(iter(by_split.values()))["uncertainty"]
             out.setdefault(method, {})[setting] = {
-                score: {m: _iv({s: c["uncertainty"][score][m] for s, c in by_split.items()})
+                score: {m: interval(c["uncertainty"][score][m] for c in by_split.values())
                         for m in ("aurc", "acc80")} for score in first}
     return out
 

@@ -140,13 +140,31 @@ def load_json(path: Path, fix: str | None = None) -> Any:
 NO_DESCRIPTION = ("no description defined", "none")
 
 
+def relation_text(value: Any) -> tuple[str, str | None] | None:
+    """One relations-file entry as (name, description or None), or None if it is malformed.
+
+    The one reading of a ``pid2name.json`` entry: ``[name]`` or ``[name, description]``, both
+    strings and the name not blank; runs of whitespace become one space, and FewRel's
+    placeholder for a missing description ("No description defined") is no description.
+    """
+    if not (isinstance(value, list) and 1 <= len(value) <= 2
+            and all(isinstance(v, str) for v in value)):
+        return None
+    name = " ".join(value[0].split())
+    description = " ".join(value[1].split()) if len(value) == 2 else ""
+    if description.lower() in NO_DESCRIPTION:
+        description = ""
+    return (name, description or None) if name else None
+
+
 def load_relation_texts(path: Path) -> dict[str, tuple[str, str | None]]:
     """Map relation key -> (name, description) from a relations file a user gives.
 
     The format is FewRel's ``pid2name.json``: ``{"key": ["name", "description"], ...}``; the
     description may be left out (``["name"]``) or empty. Unlike :func:`load_relation_names`
     (FewRel's own file, where a bad entry is skipped), every entry must be well formed: the
-    file is the user's statement of what their relations mean.
+    file is the user's statement of what their relations mean. Entries are read by
+    :func:`relation_text`.
 
     Raises:
         PipelineError: not a JSON object, or an entry that is not ``[name]`` or
@@ -158,15 +176,11 @@ def load_relation_texts(path: Path) -> dict[str, tuple[str, str | None]]:
                             "description]; fix the file")
     texts: dict[str, tuple[str, str | None]] = {}
     for key, value in data.items():
-        ok = (isinstance(value, list) and 1 <= len(value) <= 2
-              and all(isinstance(v, str) for v in value) and value[0].strip())
-        if not ok:
+        text = relation_text(value)
+        if text is None:
             raise PipelineError(f"{path}: entry {str(key)[:80]!r} is {str(value)[:80]!r}, not "
                                 "[name, description] with a non-empty name; fix the file")
-        description = value[1].strip() if len(value) == 2 else ""
-        if description.lower() in NO_DESCRIPTION:
-            description = ""
-        texts[key] = (" ".join(value[0].split()), " ".join(description.split()) or None)
+        texts[key] = text
     return texts
 
 

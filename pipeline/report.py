@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -173,14 +174,21 @@ def paired(accuracy: dict[str, dict[str, dict[str, Any]]],
     return out
 
 
+#: Keys of a NOTA cell that hold figures of every uncertainty score (left out of reports).
+PER_SCORE = ("detection", "roc")
+
+
 def _nota_summary(nota: dict[str, dict[str, dict[str, dict[str, float]]]]) -> dict[str, Any]:
     rows: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for split, methods in nota.items():
         for method, keys in methods.items():
             for key, cell in keys.items():
                 rows.setdefault(method, {}).setdefault(key, {})[split] = cell
+    # A split's cell without its detection figures of every score and its ROC curve: the
+    # detection section summarises those (pipeline.detection), no page reads them per split.
     return {method: {key: {**interval(c["acc"] for c in by_split.values()),
-                           "per_split": {s: c for s, c in by_split.items()}}
+                           "per_split": {s: {k: v for k, v in c.items() if k not in PER_SCORE}
+                                         for s, c in by_split.items()}}
                      for key, by_split in keys.items()}
             for method, keys in rows.items()}
 
@@ -211,21 +219,31 @@ def headline_metrics(report: dict[str, Any], benchmark: str,
     return {k: v for k, v in out.items() if v}
 
 
-def write_json_ordered(obj: Any, path: str | os.PathLike[str]) -> None:
-    """Indented JSON in insertion order (``dvc exp show`` keeps it), NaN written as null."""
+#: An indented JSON list that holds only numbers and nulls.
+NUMBER_LIST = re.compile(r"\[\s*((?:-?[\d.eE+-]+|null)(?:,\s*(?:-?[\d.eE+-]+|null))*)\s*\]")
+
+
+def write_json_ordered(obj: Any, path: str | os.PathLike[str], digits: int | None = None
+                       ) -> None:
+    """Indented JSON in insertion order (``dvc exp show`` keeps it), NaN written as null;
+    with ``digits``, numbers rounded to that many decimals (reports: the pages show two)."""
     def clean(x: Any) -> Any:
         if isinstance(x, dict):
             return {str(k): clean(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)):
             return [clean(v) for v in x]
         if isinstance(x, (float, np.floating)):
-            return None if math.isnan(x) else float(x)
+            return None if math.isnan(x) else float(x if digits is None else round(x, digits))
         if isinstance(x, np.integer):
             return int(x)
         return x
 
+    text = json.dumps(clean(obj), indent=2, allow_nan=False)
+    # A list of numbers on one line: curves of a hundred points stay a line each, not a page.
+    text = NUMBER_LIST.sub(lambda m: "[" + ", ".join(v.strip() for v in m[1].split(",")) + "]",
+                           text)
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(clean(obj), indent=2, allow_nan=False) + "\n")
+        tmp.write_text(text + "\n")
 
 
 def _pm(mean: float | None, ci: float | None, signed: bool = False) -> str:
@@ -301,75 +319,6 @@ def markdown_report(report: dict[str, Any], settings: list[str], note: str) -> s
             [m] + [_pm(row[k]["mean"], row[k]["ci95"]) if k in row else "–" for k in keys]
             for m, row in report["nota"].items()])
     return "\n".join(lines) + "\n"
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Any, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-
-
-def plot_accuracy(report: dict[str, Any], settings: list[str], path: Path, title: str) -> None:
-    """Grouped bar chart, methods x settings, with the t 95% interval over splits."""
-    plt = _pyplot()
-    acc = report["accuracy"]
-    width = 0.8 / max(1, len(acc))
-    fig, ax = plt.subplots(figsize=(1.4 * len(settings) + 2, 4))
-    x = np.arange(len(settings))
-    for i, (m, row) in enumerate(acc.items()):
-        mean = [row[s]["mean"] if s in row else np.nan for s in settings]
-        ci = [(row[s]["ci95"] or 0.0) if s in row else 0.0 for s in settings]
-        ax.bar(x + (i - (len(acc) - 1) / 2) * width, mean, width, yerr=ci, label=m, capsize=2)
-    ax.set_xticks(x, settings)
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(f"{title}, mean over {len(report['splits'])} splits (t 95% CI)")
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-
-
-def plot_reliability(report: dict[str, Any], methods: list[str], settings: list[str],
-                     path: Path) -> None:
-    """Reliability diagrams, one panel per method (rows) and setting (columns)."""
-    plt = _pyplot()
-    cal = report["calibration"]
-    methods = [m for m in methods if m in cal] or ["-"]
-    fig, axes = plt.subplots(len(methods), len(settings), squeeze=False,
-                             figsize=(2.2 * len(settings) + 0.5, 2.2 * len(methods) + 0.5),
-                             sharex=True, sharey=True)
-    for i, m in enumerate(methods):
-        for j, s in enumerate(settings):
-            ax = axes[i][j]
-            ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle="--")
-            cell = cal.get(m, {}).get(s)
-            if cell is not None:
-                bins = cell["bins"]
-                k = len(bins["count"])
-                centers = (np.arange(k) + 0.5) / k
-                used = np.asarray(bins["count"]) > 0
-                ax.bar(centers[used], np.asarray(bins["accuracy"])[used], 1 / k,
-                       edgecolor="black", linewidth=0.3)
-                if cell["ece"]["mean"] is not None:
-                    ax.text(0.04, 0.9, f"ECE {cell['ece']['mean']:.1f}", fontsize=7)
-            if i == 0:
-                ax.set_title(s, fontsize=8)
-            if j == 0:
-                ax.set_ylabel(f"{m}\naccuracy", fontsize=8)
-            if i == len(methods) - 1:
-                ax.set_xlabel("confidence", fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
 
 
 def write_selective_csv(report: dict[str, Any], path: Path) -> None:

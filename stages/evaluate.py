@@ -27,7 +27,7 @@ from model.encoder.frozen_cache import LowerCache
 from model.evaluation.config import EvalConfig
 from model.evaluation.splits import evaluate_split, merge_shares, method_shares
 from model.training.config import ComparisonConfig, load_comparison
-from pipeline import detection, report
+from pipeline import detection, plots, report
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.fewrel import load_relation_texts
@@ -152,11 +152,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with atomic_paths(*outputs) as (metrics_tmp, report_tmp, table_tmp, plot_tmp,
                                     reliability_tmp, selective_tmp, roc_tmp):
         report.write_json_ordered(metrics, metrics_tmp)
-        report.write_json_ordered(summary, report_tmp)
+        report.write_json_ordered(summary, report_tmp, digits=4)
         table_tmp.write_text(report.markdown_report(summary, settings, note)
                              + "\n".join(detection.markdown_detection(summary)) + "\n")
-        report.plot_accuracy(summary, settings, plot_tmp, args.benchmark)
-        report.plot_reliability(summary, list(cfg.methods), settings, reliability_tmp)
+        plots.plot_accuracy(summary, settings, plot_tmp, args.benchmark)
+        plots.plot_reliability(summary, list(cfg.methods), settings, reliability_tmp)
         report.write_selective_csv(summary, selective_tmp)
         detection.write_roc_csv(summary, roc_tmp)
     log.info("evaluate done in %.0f s", time.perf_counter() - t0)

@@ -28,6 +28,10 @@ import os
 # keeps the 2-thread speed-up. It only takes effect when this module loads torch first
 # (python -m stages.train_transe); a value set by the caller wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# MKL's reproducibility conditions: no thread count chosen at run time (MKL_DYNAMIC is TRUE
+# by default). params.yaml's one thread is what makes the output independent of the load.
+os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+os.environ.setdefault("OMP_DYNAMIC", "FALSE")
 
 import argparse  # noqa: E402
 from pathlib import Path  # noqa: E402

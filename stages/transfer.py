@@ -162,8 +162,12 @@ def headline(results: dict[str, dict[str, dict[str, Any]]],
     ece: dict[str, Any] = {}
     priors: dict[str, Any] = {}
     vs_regrab: dict[str, Any] = {}
+    uncertainty: dict[str, Any] = {}
     for name, by_bench in results.items():
         for bench, summary in by_bench.items():
+            found = detection.headline_detection(summary)
+            if found:
+                uncertainty.setdefault(name, {})[bench] = found
             acc.setdefault(name, {})[bench] = {
                 m: {s: round(c["mean"], 2) for s, c in row.items()}
                 for m, row in summary["accuracy"].items()}
@@ -180,12 +184,8 @@ def headline(results: dict[str, dict[str, dict[str, Any]]],
                         "ci95": None if c["ci95"] is None else round(c["ci95"], 2)}
                     for s, c in row.items()}
                 for k, row in summary["paired"].items() if not k.startswith("floor")}
-    uncertainty = {name: {bench: detection.headline_detection(summary)
-                          for bench, summary in by_bench.items()
-                          if detection.headline_detection(summary)}
-                   for name, by_bench in results.items()}
     return {**acc, "paired": paired, "vs_regrab": vs_regrab, "ece": ece, "priors": priors,
-            "uncertainty": {k: v for k, v in uncertainty.items() if v},
+            "uncertainty": uncertainty,
             "shuffled": sorted(shuffled or [])}
 
 
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with atomic_paths(args.metrics, args.report, args.table) as (m_tmp, r_tmp, t_tmp):
         report.write_json_ordered(
             headline(results, [n for n in results if params.sets[n].shuffle]), m_tmp)
-        report.write_json_ordered(results, r_tmp)
+        report.write_json_ordered(results, r_tmp, digits=4)
         t_tmp.write_text(markdown(results, params))
     return results
 

@@ -246,3 +246,12 @@ class SampledPrototypeHead(PriorFreeHead):
         """
         v = self.sample_prototypes(support, generator)  # (B, S, N, D)
         return prototype_logits(query, v, self.config.similarity, self.config.temperature)
+
+
+def metric_log_gain(temperature: float) -> nn.Parameter | None:
+    """log g of a head's fixed Euclidean metric, g starting at 1 / T; None at T = 0 (no metric).
+
+    The GNN, SNAIL and pair heads add ``-g |e_i - e_j|^2 / 2`` beside their learned scores
+    (``metric_temperature`` in their configs).
+    """
+    return nn.Parameter(torch.tensor(1.0 / temperature).log()) if temperature > 0 else None

@@ -63,10 +63,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from model.config import GNNConfig, RegrabConfig
-from model.methods.base import PriorFreeHead, episode_chunks, require_shots
+from model.methods.base import PriorFreeHead, episode_chunks, metric_log_gain, require_shots
 from model.methods.registry import Method
 from model.posterior.logits import similarity_logits
-from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
     from model.prior.graph import RelationGraph
@@ -144,8 +143,7 @@ class GNNHead(PriorFreeHead):
             f += config.growth
         self.out_adjacency = Adjacency(f, config.metric_hidden)
         self.out = GraphConv(f, 1)
-        if config.metric_temperature > 0:  # log g of the fixed metric (module doc)
-            self.log_gain = nn.Parameter(torch.tensor(1.0 / config.metric_temperature).log())
+        self.log_gain = metric_log_gain(config.metric_temperature)  # fixed metric (module doc)
 
     def nodes(self, support: torch.Tensor, query: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,8 +201,6 @@ class GNNHead(PriorFreeHead):
 
 
 def _gnn(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> GNNHead:
-    if config.gnn is None:
-        raise PipelineError("method gnn is built from model.heads.gnn; its config has none")
     return GNNHead(config.gnn, dim)
 
 

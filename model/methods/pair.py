@@ -73,10 +73,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from model.config import PairConfig, RegrabConfig
-from model.methods.base import PriorFreeHead, episode_chunks, require_shots
+from model.methods.base import PriorFreeHead, episode_chunks, metric_log_gain, require_shots
 from model.methods.registry import Method
 from model.posterior.logits import similarity_logits
-from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
     from model.prior.graph import RelationGraph
@@ -141,8 +140,7 @@ class PairHead(PriorFreeHead):
                                        batch_first=True, norm_first=False)
             for _ in range(config.layers))
         self.out = nn.Linear(w, 1)
-        if config.metric_temperature > 0:  # log g of the fixed metric (module doc)
-            self.log_gain = nn.Parameter(torch.tensor(1.0 / config.metric_temperature).log())
+        self.log_gain = metric_log_gain(config.metric_temperature)  # fixed metric (module doc)
 
     def tokens(self, x: torch.Tensor, segment: int) -> torch.Tensor:
         """The readout tokens of sentences of one segment (``QUERY`` or ``SUPPORT``).
@@ -205,8 +203,6 @@ class PairHead(PriorFreeHead):
 
 
 def _pair(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> PairHead:
-    if config.pair is None:
-        raise PipelineError("method pair is built from model.heads.pair; its config has none")
     return PairHead(config.pair, dim)
 
 

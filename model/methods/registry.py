@@ -159,6 +159,9 @@ def config_for_method(params: ModelParams | dict[str, Any], method: str) -> Regr
 def build_head(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> Head:
     """The head of ``config.method``; ``graph`` reaches only a method that uses it."""
     spec = get(config.method)
+    if spec.sizes is not None and getattr(config, spec.sizes) is None:
+        raise PipelineError(f"method {spec.name} is built from model.heads.{spec.sizes}; its "
+                            "config has none")
     return spec.build(config, graph if spec.uses_graph else None, dim)
 
 

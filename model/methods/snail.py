@@ -63,10 +63,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from model.config import RegrabConfig, SnailConfig
-from model.methods.base import PriorFreeHead, episode_chunks, require_shots
+from model.methods.base import PriorFreeHead, episode_chunks, metric_log_gain, require_shots
 from model.methods.registry import Method
 from model.posterior.logits import similarity_logits
-from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
     from model.prior.graph import RelationGraph
@@ -164,8 +163,7 @@ class SnailHead(PriorFreeHead):
             f += value
         self.blocks = nn.ModuleList(blocks)
         self.out = nn.Linear(f, 1)
-        if config.metric_temperature > 0:  # log g of the fixed metric (module doc)
-            self.log_gain = nn.Parameter(torch.tensor(1.0 / config.metric_temperature).log())
+        self.log_gain = metric_log_gain(config.metric_temperature)  # fixed metric (module doc)
 
     def sample_logits(self, support: torch.Tensor, query: torch.Tensor,
                       h: torch.Tensor | None = None, generator: torch.Generator | None = None
@@ -253,8 +251,6 @@ class SnailHead(PriorFreeHead):
 
 
 def _snail(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> SnailHead:
-    if config.snail is None:
-        raise PipelineError("method snail is built from model.heads.snail; its config has none")
     return SnailHead(config.snail, dim)
 
 

@@ -52,7 +52,9 @@ class TrainTransEParams:
     Attributes:
         model: TransE and schedule hyper-parameters.
         device: ``auto`` (CUDA when present), ``cpu`` or ``cuda[:n]``.
-        threads: CPU threads for torch; 0 keeps torch's default (all cores).
+        threads: CPU threads for torch; 0 keeps torch's default (all cores). params.yaml
+            holds 1: with torch's default, runs on a busy machine gave other embeddings
+            than runs on an idle one; one thread splits no sum, whatever the load.
         checkpoint_every: Write a checkpoint every this many epochs (and after the last).
         heldout_fraction: Share of triples kept out of training for the MRR check.
         eval_batch_size: Held-out queries ranked against all entities at once.
@@ -60,7 +62,8 @@ class TrainTransEParams:
 
     model: TransEConfig = field(doc="TransE and its training schedule")
     device: str = field(match=DEVICE_FIELD, doc="auto (CUDA when present), cpu or cuda[:N]")
-    threads: int = field(ge=0, doc="CPU threads for torch; 0 keeps torch's default (all cores)")
+    threads: int = field(ge=0, doc="CPU threads for torch; 0 keeps torch's default (all cores); 1 "
+                                   "gives the same bytes on an idle and a busy machine")
     checkpoint_every: int = field(ge=1, doc="write a checkpoint every this many epochs (and after "
                                             "the last)")
     heldout_fraction: float = field(ge=0.0, lt=0.5, doc="share of triples kept out of training "

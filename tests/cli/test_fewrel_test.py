@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from cli.fewrel_test import fewrel_test, main
+from cli.fewrel_test import fewrel_test, main, read_pid2name
 from model.methods.regrab import RegrabHead
 from model.predict.predictor import Predictor
 from tests.model.test_predictor import tiny_checkpoint
@@ -220,3 +220,12 @@ def test_bad_pid2name_gives_one_error_line(root, capsys, text, words):
     assert words in _error([*argv, "--out", str(out)], capsys, out)
     assert "is also --pid2name" in _error([*argv, "--out", p2n], capsys)
     assert (root / "p2n.json").read_text() == text
+
+
+def test_pid2name_placeholder_is_no_description(tmp_path):
+    """FewRel writes "No description defined" where Wikidata has none: not a description."""
+    path = tmp_path / "pid2name.json"
+    path.write_text(json.dumps({"P17": ["country", "No description defined"],
+                                "P19": [" place of  birth ", "where\nborn"]}))
+    assert read_pid2name(path) == {"P17": ("country", None),
+                                   "P19": ("place of birth", "where born")}

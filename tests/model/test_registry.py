@@ -100,3 +100,18 @@ def test_two_methods_with_one_seed_stream_are_refused():
     with pytest.raises(ValueError, match="seed stream of 'regrab'"):
         registry.register(Method("copycat", MedianHead, "same stream", seed=0))
     assert "copycat" not in registry.names()
+
+
+@pytest.mark.parametrize("method", ["gnn", "snail", "pair"])
+def test_a_head_built_from_sizes_refuses_a_config_without_them(method):
+    """One check for every head whose sizes come from ``model.heads``."""
+    import dataclasses
+
+    from model.methods.registry import build_head
+    from pipeline.errors import PipelineError
+    from tests.conftest import model_config
+
+    config = dataclasses.replace(model_config(method), **{method: None})
+    with pytest.raises(PipelineError, match=f"model.heads.{method}; its config has none"):
+        build_head(config, None, 16)
+    assert build_head(model_config(method), None, 16) is not None

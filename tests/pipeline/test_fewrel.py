@@ -1,12 +1,20 @@
 """Tests for pipeline/fewrel.py, the FewRel-format parser (the stage's own tests go through
 ``stages/prepare_fewshot.py``)."""
 
+import json
 from pathlib import Path
 
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.fewrel import convert, load_json, load_relation_names, parse_record
+from pipeline.fewrel import (
+    convert,
+    load_json,
+    load_relation_names,
+    load_relation_texts,
+    parse_record,
+    relation_text,
+)
 from pipeline.schemas import FEWSHOT_SCHEMA
 from tests.conftest import fewrel_record
 
@@ -52,3 +60,28 @@ def test_relation_names_skip_malformed_entries(tmp_path: Path) -> None:
     (tmp_path / "pid2name.json").write_text('{"P1": ["one", "d"], "P2": [], "P3": [3]}')
     assert load_relation_names(tmp_path / "pid2name.json") == ({"P1": "one"}, 2)
     assert load_relation_names(None) == ({}, 0)
+
+
+@pytest.mark.parametrize(("entry", "want"), [
+    (["  place of\tbirth ", " where  born "], ("place of birth", "where born")),
+    (["country"], ("country", None)),
+    (["country", ""], ("country", None)),
+    (["country", "No description defined"], ("country", None)),
+    (["country", "  no   description defined "], ("country", None)),
+    (["country", "None"], ("country", None)),
+    (["  "], None), ([], None), (["a", "b", "c"], None), (["a", 5], None), ("a", None),
+])
+def test_one_reading_of_a_relations_entry(entry, want) -> None:
+    """Spaces collapsed, FewRel's placeholder description dropped, malformed entries None."""
+    assert relation_text(entry) == want
+
+
+def test_relation_texts_read_every_entry_the_same_way(tmp_path: Path) -> None:
+    path = tmp_path / "pid2name.json"
+    path.write_text(json.dumps({"P17": ["country", "No description defined"],
+                                "P19": [" place  of birth", "where\nborn"]}))
+    assert load_relation_texts(path) == {"P17": ("country", None),
+                                         "P19": ("place of birth", "where born")}
+    path.write_text(json.dumps({"P17": ["", "x"]}))
+    with pytest.raises(PipelineError, match="non-empty name"):
+        load_relation_texts(path)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline import report
+from pipeline import plots, report
 
 
 @pytest.mark.parametrize("df,value", [(1, 12.7062047), (2, 4.3026527), (4, 2.7764451),
@@ -108,11 +108,41 @@ def test_markdown_plots_and_selective_csv(tmp_path):
     md = report.markdown_report(summary, ["5w1s", "5w0s"], "note")
     assert "mean over 4 split(s) ± t 95% CI" in md and "| mtb_minus_regrab |" in md
     assert "Pooled-episode 95% CI" in md and "| regrab | 5w1s |" in md
-    report.plot_accuracy(summary, ["5w1s", "5w0s"], tmp_path / "a.png", "NYT-25")
-    report.plot_reliability(summary, ["regrab", "mtb"], ["5w1s", "5w0s"], tmp_path / "r.png")
+    plots.plot_accuracy(summary, ["5w1s", "5w0s"], tmp_path / "a.png", "NYT-25")
+    plots.plot_reliability(summary, ["regrab", "mtb"], ["5w1s", "5w0s"], tmp_path / "r.png")
     for name in ("a.png", "r.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     report.write_selective_csv(summary, tmp_path / "s.csv")
     rows = list(csv.DictReader((tmp_path / "s.csv").open()))
     assert len(rows) == 100 and rows[-1]["coverage"] == "1.00"
     assert set(rows[0]) == {"coverage", "regrab_5w1s", "mtb_5w1s", "regrab_5w0s"}
+
+
+def test_every_method_keeps_one_colour_of_its_own_and_regrab_comes_first():
+    methods = ["regrab", "regrab_no_prior", "mtb", "proto", "proto_label", "maml", "versa",
+               "bmaml", "gnn", "snail", "pair", "floor"]
+    colours = [plots.method_colour(m) for m in methods]
+    assert len(set(colours)) == len(methods)  # regrab/pair and regrab_no_prior/floor apart
+    assert plots.method_colour("new_method") == plots.method_colour("new_method")
+    assert plots.method_colour("new_method") not in colours
+    assert plots.plot_order(["floor", "proto", "regrab", "mtb"]) == [
+        "regrab", "floor", "proto", "mtb"]
+
+
+def test_the_accuracy_legend_stands_beside_the_bars(tmp_path, monkeypatch):
+    """The legend lies right of the axes, so it covers no bar; REGRAB's bars are hatched."""
+    figures = []
+    plt = plots._pyplot()
+    monkeypatch.setattr(plt, "close", figures.append)
+    summary = {"splits": ["split_0"], "accuracy": {
+        m: {"5w1s": {"mean": 90.0, "ci95": 1.0}} for m in ("proto", "regrab", "floor")}}
+    plots.plot_accuracy(summary, ["5w1s"], tmp_path / "a.png", "NYT-25")
+    fig = figures[0]
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert legend.x0 >= ax.get_window_extent(renderer).x1
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["regrab (ours)", "proto", "floor"]
+    assert ax.patches[0].get_hatch() == "//"
+    plt.close(fig)

@@ -76,8 +76,15 @@ def test_tiny_end_to_end_writes_metrics_reports_and_plots(tmp_path):
     assert cell["n_splits"] == 2 and set(cell["per_split"]) == {"split_0", "split_1"}
     assert cell["episodes"] == 40 and cell["pooled_ci95"] > 0
     thresholds = full["nota"]["mtb"]["2w1s_r50"]["per_split"]["split_0"]
+    # Compact: a split's NOTA cell without every score's detection figures and ROC curve
+    # (the detection section summarises them), and no per-split figures of every score.
     assert set(thresholds) == {"acc", "threshold", "abstained", "outside", "val_ways",
-                               "detection", "best", "best_point", "roc"}
+                               "best", "best_point"}
+    scores = full["detection"]["regrab"]["2w1s_r50"]["scores"]["max_prob"]["auroc"]
+    assert set(scores) == {"mean", "ci95", "n_splits"}
+    assert set(full["detection"]["regrab"]["2w1s_r50"]["best"]["auroc"]["per_split"]) == {
+        "split_0", "split_1"}  # the chosen score's, which the paired test reads
+    assert "per_split" not in full["selective_scores"]["regrab"]["2w1s"]["max_logit"]["aurc"]
     # Out-of-set detection: every score of a sampling head, point scores of the others; the
     # best score is one the head has.
     det = full["detection"]
