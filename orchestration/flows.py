@@ -24,7 +24,8 @@ the next scheduled run does not inherit the overrides; the experiment keeps them
 
 ``cluster`` (``--cluster``) names a running Dask scheduler; the flow exports it as
 ``REGRAB_DASK_ADDRESS`` to the stages that can spread their work over one
-(``parse_wikidata``). Without it those stages use their local default.
+(``parse_wikidata``, ``train``, ``evaluate``, ``transfer``, ``active_labelling``). Without it
+those stages use their local default.
 
 Run it once, locally and without a server (Prefect starts a temporary one)::
 
@@ -52,8 +53,8 @@ from orchestration.checks import check_scheduler
 from orchestration.dvc_access import PlannedStage, StageError, plan_stages, repo_root
 from orchestration.overrides import apply as apply_params
 from orchestration.overrides import describe, resolve, restore
+from pipeline.cluster import check_cluster
 from pipeline.errors import PipelineError, run_cli
-from pipeline.wikidata.engine import check_cluster
 
 __all__ = ["StageError", "check_cluster", "plan_stages", "retrain", "validate_overrides"]
 
@@ -69,7 +70,8 @@ PARAMS_FILE = "params.yaml"
 #: Environment variable the Wikidata parse reads for a Dask scheduler address.
 DASK_ADDRESS_ENV = "REGRAB_DASK_ADDRESS"
 #: Stages that run on the cluster when one is given; the others never see the address.
-CLUSTER_STAGES = frozenset({"parse_wikidata"})
+CLUSTER_STAGES = frozenset({"parse_wikidata", "train", "evaluate", "transfer",
+                            "active_labelling"})
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,7 @@ def run_stage(repo_dir: str, stage: str, cluster: str | None = None) -> float:
     """Reproduce one stage (``dvc repro --single-item``); return its wall time in s."""
     logger = get_run_logger()
     extra_env = {}
-    if cluster and stage in CLUSTER_STAGES:
+    if cluster and stage.split("@")[0] in CLUSTER_STAGES:  # train@nyt25 is a train stage
         extra_env[DASK_ADDRESS_ENV] = cluster
         logger.info("stage '%s' runs on the Dask cluster at %s", stage, cluster)
     start = time.perf_counter()
@@ -275,8 +277,8 @@ def retrain(
             line. With overrides the run is saved as a DVC experiment.
         repo_dir: root of the DVC project.
         targets: stages to reproduce (with everything upstream); default all.
-        cluster: Dask scheduler address (``tcp://host:8786``) for ``parse_wikidata``;
-            default: the stage's own local cluster.
+        cluster: Dask scheduler address (``tcp://host:8786``) for ``CLUSTER_STAGES``;
+            default: each stage's own processes on this machine.
 
     Returns:
         ``{metrics_path: metrics}`` for every metrics file declared in ``dvc.yaml``.
@@ -351,8 +353,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--cluster",
         default=None,
         metavar="ADDRESS",
-        help="Dask scheduler (tcp://HOST:PORT) for the parse_wikidata stage "
-        f"(exported as {DASK_ADDRESS_ENV}); default: a local cluster",
+        help="Dask scheduler (tcp://HOST:PORT) for the parse, training and scoring stages "
+        f"(exported as {DASK_ADDRESS_ENV}); default: this machine",
     )
     args = parser.parse_args(argv)
     override_map = _parse_set(args.set_param) or None
