@@ -25,9 +25,14 @@ PROBE_TIMEOUT_S = 5.0
 
 
 def add_cluster_argument(parser: argparse.ArgumentParser, what: str = "jobs") -> None:
-    """The ``--cluster ADDRESS`` argument, defaulting to ``$REGRAB_DASK_ADDRESS``."""
+    """The ``--cluster ADDRESS`` argument, defaulting to ``$REGRAB_DASK_ADDRESS``.
+
+    The address is checked as the arguments are read (its form, and that something answers
+    there), so a wrong one is one ``error:`` line before the stage reads or writes anything.
+    """
     parser.add_argument(
         "--cluster", default=os.environ.get(ADDRESS_ENV) or None, metavar="ADDRESS",
+        type=check_cluster,
         help=f"existing Dask scheduler that runs the {what}, e.g. tcp://host:8786 (default: "
              f"${ADDRESS_ENV}; unset: this machine alone)")
 

@@ -57,6 +57,8 @@ from pipeline.shipping import (
 
 #: The resource a CUDA job asks of a worker (``dask worker ... --resources GPU=1``).
 GPU = "GPU"
+#: glibc's ``M_MMAP_THRESHOLD`` and the most its dynamic threshold reaches on 64-bit.
+M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX = -3, 32 << 20
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ def run_job(fn_data: bytes, parcel: Parcel, blobs: dict[str, bytes], threads: in
 
     worker = get_worker()
     set_threads(threads)
+    _heap_for_tensors()
     scratch = Path(tempfile.mkdtemp(prefix="regrab-job-", dir=worker.local_directory))
     try:
         job = unpack(parcel, blobs, scratch)
@@ -94,6 +97,23 @@ def run_job(fn_data: bytes, parcel: Parcel, blobs: dict[str, bytes], threads: in
                         str(scratch), took)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _heap_for_tensors() -> None:
+    """Serve tensor-sized allocations from the heap again in a Dask worker process.
+
+    A Dask nanny starts its worker with ``MALLOC_TRIM_THRESHOLD_`` set, which turns off
+    glibc's dynamic mmap threshold: every tensor above 128 KiB is then a fresh ``mmap``
+    and its pages are faulted in anew, which made the matrix products of
+    ``benchmarks/bench_cluster.py`` about twice as slow as in the stage's own process.
+    Fixing the threshold at the value the dynamic one grows to restores that speed.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
+    except (OSError, AttributeError):
+        pass  # not glibc: its allocator was not changed either
 
 
 def _workers_for(client: Any, address: str, gpu: bool) -> int:

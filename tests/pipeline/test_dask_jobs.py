@@ -99,3 +99,28 @@ def test_failures_keep_their_one_line_or_their_traceback(cluster):
 def test_a_wrong_address_is_one_line():
     with pytest.raises(PipelineError, match="cannot reach Dask scheduler at tcp://127.0.0.1:9"):
         _run(lambda job: job, [0], "127.0.0.1:9")
+
+
+def test_a_stage_s_cluster_argument_is_checked_before_anything_runs(monkeypatch, tmp_path):
+    """From ``--cluster`` or ``$REGRAB_DASK_ADDRESS``: a malformed or silent address is one
+    line as the arguments are read; none is None."""
+    import argparse
+
+    from pipeline.cluster import ADDRESS_ENV, add_cluster_argument
+
+    def parsed(*argv: str) -> str | None:
+        parser = argparse.ArgumentParser()
+        add_cluster_argument(parser)
+        return parser.parse_args(list(argv)).cluster
+
+    monkeypatch.delenv(ADDRESS_ENV, raising=False)
+    assert parsed() is None
+    with pytest.raises(PipelineError, match="is not a Dask scheduler address"):
+        parsed("--cluster", "nohost")
+    monkeypatch.setenv(ADDRESS_ENV, "127.0.0.1:9")
+    with pytest.raises(PipelineError, match="cannot reach Dask scheduler at tcp://127.0.0.1:9"):
+        parsed()
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0",
+                                  host="127.0.0.1", protocol="tcp://") as c:
+        monkeypatch.setenv(ADDRESS_ENV, c.scheduler_address.removeprefix("tcp://"))
+        assert parsed() == c.scheduler_address
