@@ -8,7 +8,9 @@ The same plan of stand-in jobs runs, one engine after the other in this one run,
 * ``Dask, N worker(s)``: a local Dask cluster (``LocalCluster``, N single-threaded
   processes on 127.0.0.1, started and their imports done before the clock runs) with
   every job's input file carried to the worker and its output files carried back
-  (:mod:`pipeline.shipping`), as for workers on other machines;
+  (:mod:`pipeline.shipping`), as for workers on other machines; the workers' statistical
+  profiler is off, as docs/pipeline.md starts them (``--profile`` keeps it on: on this
+  2-core machine it cost the jobs' thread about 40% more CPU time);
 * ``Dask, 1 worker, no files carried``: the same cluster reading this machine's files in
   place (``files`` not given), so that the difference with the row above is the cost of
   carrying the files, and the difference with ``this process`` that of Dask's own
@@ -78,9 +80,12 @@ def main() -> None:
     parser.add_argument("--work", type=int, default=300, help="matrix products per job")
     parser.add_argument("--in-mb", type=float, default=8.0, help="size of a split's file")
     parser.add_argument("--out-mb", type=float, default=4.0, help="size of a job's output")
+    parser.add_argument("--profile", action="store_true",
+                        help="keep the Dask workers' statistical profiler on")
     args = parser.parse_args()
     from functools import partial
 
+    import dask
     from distributed import Client, LocalCluster
 
     torch.set_num_threads(1)
@@ -109,7 +114,8 @@ def main() -> None:
         _rate("this process (workers: 1)" if workers == 1 else f"forked pool, {workers}",
               time.perf_counter() - start, args.jobs, rows)
     for workers in (1, 2):
-        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+        with dask.config.set({"distributed.worker.profile.enabled": args.profile}), \
+                LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                           host="127.0.0.1", dashboard_address=":0",
                           silence_logs=logging.ERROR) as cluster:
             start = time.perf_counter()

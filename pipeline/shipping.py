@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import cloudpickle
-
 from pipeline.io import atomic_path
 
 #: The persistent id of a pickled path.
@@ -88,19 +86,22 @@ def absolute(path: Path | str) -> str:
     return os.path.abspath(path)
 
 
-class _Pickler(cloudpickle.Pickler):
-    """cloudpickle (closures and lambdas too) with every ``Path`` kept by its absolute name."""
-
-    def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, Path):
-            return _PATH, str(obj), absolute(obj)
-        return None
+def _persistent_id(obj: Any) -> Any:
+    """A path's persistent id: its name as given and its absolute name."""
+    if isinstance(obj, Path):
+        return _PATH, str(obj), absolute(obj)
+    return None
 
 
 def dumps(obj: Any) -> bytes:
-    """``obj`` pickled for :func:`loads`: closures and lambdas too, paths by name."""
+    """``obj`` pickled for :func:`loads` by cloudpickle (closures and lambdas too), every
+    ``Path`` by name."""
+    import cloudpickle  # only a cluster run pickles: no import for the default path
+
     buffer = io.BytesIO()
-    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    pickler = cloudpickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.persistent_id = _persistent_id
+    pickler.dump(obj)
     return buffer.getvalue()
 
 
