@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 
+from pipeline.cluster import check_cluster
 from pipeline.errors import PipelineError
-from pipeline.wikidata.engine import check_cluster
 from stages.check_params import check_params
 
 __all__ = ["HANDSHAKE_TIMEOUT_S", "check_params", "check_scheduler"]

@@ -11,7 +11,7 @@ two DVC runs in one workspace would fight over its lock. On Ctrl-C / SIGTERM it 
 and pauses the schedule, so nothing piles up while no one serves it.
 
 ``--cluster`` sets the deployment's ``cluster`` parameter: the Dask scheduler the
-``parse_wikidata`` stage runs on (checked for its form here, for an answer at run time;
+parse, training and scoring stages run on (checked for its form here, for an answer at run time;
 a triggered run can override it with ``--param cluster=...``).
 """
 
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> None:
         "--cluster",
         default=os.environ.get(DASK_ADDRESS_ENV) or None,
         metavar="ADDRESS",
-        help=f"Dask scheduler tcp://HOST:PORT for parse_wikidata (env {DASK_ADDRESS_ENV}; "
-        "default: the stage's local cluster)",
+        help=f"Dask scheduler tcp://HOST:PORT for the parse, training and scoring stages "
+        f"(env {DASK_ADDRESS_ENV}; default: this machine)",
     )
     args = parser.parse_args(argv)
 

@@ -40,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", action="append", default=None,
                         help="stage to reproduce with its upstream (repeatable; default all)")
     parser.add_argument("--cluster", default=None, metavar="ADDRESS",
-                        help="Dask scheduler (tcp://HOST:PORT) for the parse_wikidata stage "
-                             f"(exported as {DASK_ADDRESS_ENV}); default: a local cluster")
+                        help="Dask scheduler (tcp://HOST:PORT) for the parse, training and scoring "
+                             f"stages (exported as {DASK_ADDRESS_ENV}); default: this machine")
     return parser
 
 

@@ -24,7 +24,8 @@ the next scheduled run does not inherit the overrides; the experiment keeps them
 
 ``cluster`` (``--cluster``) names a running Dask scheduler; the flow exports it as
 ``REGRAB_DASK_ADDRESS`` to the stages that can spread their work over one
-(``parse_wikidata``). Without it those stages use their local default.
+(``parse_wikidata``, ``train``, ``evaluate``, ``transfer``, ``active_labelling``). Without it
+those stages use their local default.
 
 Run it once, locally and without a server (Prefect starts a temporary one)::
 
@@ -60,7 +61,7 @@ from orchestration.dvc_access import PlannedStage, StageError, plan_stages, repo
 from orchestration.flow_command import DASK_ADDRESS_ENV, PARAMS_FILE  # noqa: E402
 from orchestration.overrides import apply as apply_params  # noqa: E402
 from orchestration.overrides import describe, resolve, restore  # noqa: E402
-from pipeline.wikidata.engine import check_cluster  # noqa: E402
+from pipeline.cluster import check_cluster  # noqa: E402
 
 __all__ = ["StageError", "check_cluster", "plan_stages", "retrain", "validate_overrides"]
 
@@ -73,7 +74,8 @@ NETWORK_RETRIES = 2
 #: Seconds between retries of a network stage.
 NETWORK_RETRY_DELAY_S = 60.0
 #: Stages that run on the cluster when one is given; the others never see the address.
-CLUSTER_STAGES = frozenset({"parse_wikidata"})
+CLUSTER_STAGES = frozenset({"parse_wikidata", "train", "evaluate", "transfer",
+                            "active_labelling"})
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ def run_stage(repo_dir: str, stage: str, cluster: str | None = None) -> float:
     """Reproduce one stage (``dvc repro --single-item``); return its wall time in s."""
     logger = get_run_logger()
     extra_env = {}
-    if cluster and stage in CLUSTER_STAGES:
+    if cluster and stage.split("@")[0] in CLUSTER_STAGES:  # train@nyt25 is a train stage
         extra_env[DASK_ADDRESS_ENV] = cluster
         logger.info("stage '%s' runs on the Dask cluster at %s", stage, cluster)
     start = time.perf_counter()
@@ -279,8 +281,8 @@ def retrain(
             line. With overrides the run is saved as a DVC experiment.
         repo_dir: root of the DVC project.
         targets: stages to reproduce (with everything upstream); default all.
-        cluster: Dask scheduler address (``tcp://host:8786``) for ``parse_wikidata``;
-            default: the stage's own local cluster.
+        cluster: Dask scheduler address (``tcp://host:8786``) for ``CLUSTER_STAGES``;
+            default: each stage's own processes on this machine.
 
     Returns:
         ``{metrics_path: metrics}`` for every metrics file declared in ``dvc.yaml``.

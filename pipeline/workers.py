@@ -1,13 +1,16 @@
-"""The one job runner of the ``train``, ``evaluate`` and ``transfer`` stages.
+"""The one job runner of the ``train``, ``evaluate``, ``transfer`` and ``active_labelling`` stages.
 
 A stage plans its work as a list of independent jobs and hands the runner that list and a
 function that runs one job. The runner
 
 1. decides how many processes may run at once (:func:`usable_workers`: ``workers`` on the
    CPU, one on CUDA, never more than there are jobs);
-2. runs the jobs in plan order, in this process or in that many forked workers;
+2. runs the jobs in plan order, in this process or in that many forked workers, or, when
+   the stage names a Dask scheduler (``--cluster`` / ``$REGRAB_DASK_ADDRESS``), on the
+   cluster's workers (:mod:`pipeline.dask_jobs`), with the files each job reads and writes
+   carried to and from them;
 3. logs each finished job with the minutes left (from the seconds per unit of ``cost`` so
-   far);
+   far), and on a cluster the worker that ran it;
 4. returns the results in plan order, whichever worker finished first.
 
 Workers are forked, so ``fn`` and whatever it closes over (graph, tokens, caches) reach
@@ -33,6 +36,7 @@ from typing import Any
 
 from pipeline.config import set_threads
 from pipeline.errors import PipelineError
+from pipeline.shipping import JobFiles
 
 
 def usable_workers(workers: int, device: Any, jobs: int | None = None) -> int:
@@ -45,18 +49,25 @@ def usable_workers(workers: int, device: Any, jobs: int | None = None) -> int:
 
 def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], *, workers: int, threads: int,
              describe: Callable[[Any], str], log: logging.Logger,
-             cost: Callable[[Any], float] | None = None) -> list[Any]:
-    """``[fn(job) for job in jobs]``, run by up to ``workers`` processes.
+             cost: Callable[[Any], float] | None = None, cluster: str | None = None,
+             files: JobFiles | None = None, gpu: bool = False) -> list[Any]:
+    """``[fn(job) for job in jobs]``, run by up to ``workers`` processes or on a cluster.
 
     Args:
         fn: runs one job; with several workers it runs in a forked process, so its result
-            must be picklable (``fn`` itself need not be).
+            must be picklable (``fn`` itself need not be); on a cluster ``fn`` is pickled
+            with cloudpickle (closures and lambdas too) and sent once to each worker.
         jobs: the plan, in the order the results are returned.
         workers: processes at once (:func:`usable_workers`); 1 runs every job here.
         threads: torch threads of each forked worker.
         describe: a job's name in the progress and error lines.
         log: the stage's logger, for one progress line per finished job.
         cost: a job's share of the work, for the minutes left (default: 1 each).
+        cluster: a Dask scheduler's address: run the jobs there (``workers`` is then the
+            cluster's); None runs them on this machine.
+        files: what a job reads and writes on this machine, carried to and from a cluster's
+            workers (none: the workers must see the same files at the same paths).
+        gpu: the jobs run on CUDA: on a cluster, each asks a worker for one ``GPU``.
 
     Returns:
         The results in plan order.
@@ -64,6 +75,16 @@ def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], *, workers: int, thr
     workers = max(1, min(workers, len(jobs)))
     progress = _Progress(jobs, describe, cost or (lambda job: 1.0), workers, log,
                          time.perf_counter())
+    if cluster and jobs:
+        from pipeline.dask_jobs import run_on_cluster
+
+        def able(count: int) -> None:
+            progress.workers = max(1, min(count, len(jobs)))
+
+        return run_on_cluster(fn, jobs, address=cluster, threads=threads,
+                              files=files or JobFiles(reads=lambda job: ()), gpu=gpu,
+                              describe=describe, done=progress.done, workers=able,
+                              raised=_raised)
     if workers == 1:
         results = []
         for job in jobs:
@@ -91,14 +112,16 @@ class _Progress:
     seconds: float = 0.0  # spent by the finished jobs
     spent: float = 0.0  # their cost
 
-    def done(self, job: Any, took: float) -> None:
+    def done(self, job: Any, took: float, worker: str | None = None) -> None:
+        """Log a finished job (and, on a cluster, the worker that ran it)."""
         self.finished += 1
         self.seconds += took
         self.spent += self.cost(job)
         left = sum(self.cost(j) for j in self.jobs) - self.spent
         per_unit = self.seconds / self.spent if self.spent else 0.0
-        self.log.info("%s done in %.0f s (%d of %d, %.0f s so far, about %.0f min left)",
-                      self.describe(job), took, self.finished, len(self.jobs),
+        where = "" if worker is None else f" on {worker}"
+        self.log.info("%s done in %.0f s%s (%d of %d, %.0f s so far, about %.0f min left)",
+                      self.describe(job), took, where, self.finished, len(self.jobs),
                       time.perf_counter() - self.start,
                       max(left, 0.0) * per_unit / self.workers / 60)
 

@@ -47,6 +47,7 @@ from model.predict.active import STRATEGIES
 from model.predict.simulation import PoolEpisodes, sample_pool_episodes, simulate
 from model.prior.labels import relation_name
 from pipeline import labelling_report, report
+from pipeline.cluster import add_cluster_argument
 from pipeline.config import (
     DEVICE_FIELD,
     field,
@@ -65,7 +66,7 @@ from pipeline.io import (
     remove_stale_temporaries,
 )
 from pipeline.sections import register_section
-from pipeline.workers import run_jobs, usable_workers
+from pipeline.workers import JobFiles, run_jobs, usable_workers
 from stages.transfer import TransferParams, relation_texts
 
 log = logging.getLogger(__name__)
@@ -334,6 +335,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "of the benchmark's test relations, read by priors with "
                              "model.prior.descriptions")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    add_cluster_argument(parser, "labelling jobs")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     params = load_section(ActiveLabellingParams, "active_labelling", args.params)
@@ -356,7 +358,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             functools.partial(label_set, params=params, device=device, cache=cache,
                               tokens=tokens), jobs,
             workers=workers, threads=params.threads,
-            log=log, describe=lambda job: f"{job.set.name}, {job.split}'s checkpoints")
+            log=log, describe=lambda job: f"{job.set.name}, {job.split}'s checkpoints",
+            cluster=args.cluster, gpu=device != "cpu",
+            files=JobFiles(reads=lambda job: [job.models]))
     acc: dict[str, dict[str, dict[str, np.ndarray]]] = {
         name: {m: {} for m in params.methods} for name in titles}
     for job, result in zip(jobs, results, strict=True):

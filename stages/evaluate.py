@@ -28,11 +28,12 @@ from model.evaluation.config import EvalConfig
 from model.evaluation.splits import evaluate_split, merge_shares, method_shares
 from model.training.config import ComparisonConfig, load_comparison
 from pipeline import detection, plots, report
+from pipeline.cluster import add_cluster_argument
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.fewrel import load_relation_texts
 from pipeline.io import atomic_paths, remove_stale_temporaries
-from pipeline.workers import run_jobs, usable_workers
+from pipeline.workers import JobFiles, run_jobs, usable_workers
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +75,18 @@ def score_job(job: Job, models: Path, device: str, descriptions: dict[str, str |
 
 
 def score_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str,
-               descriptions: dict[str, str | None] | None = None
+               descriptions: dict[str, str | None] | None = None, cluster: str | None = None
                ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Cells and NOTA cells per split, in the order of the split's methods (floor last)."""
+    """Cells and NOTA cells per split, in the order of the split's methods (floor last);
+    on the Dask scheduler at ``cluster``, if given."""
     results = run_jobs(functools.partial(score_job, models=models, device=device,
                                          descriptions=dict(descriptions or {})), jobs,
                        workers=usable_workers(cfg.workers, device, len(jobs)),
                        threads=cfg.threads, log=log, cost=lambda job: len(job.cfg.methods),
                        describe=lambda job: f"{job.split_dir.name}: "
-                                            + ", ".join(job.cfg.methods))
+                                            + ", ".join(job.cfg.methods),
+                       cluster=cluster, gpu=device != "cpu", files=JobFiles(
+                           reads=lambda job: [job.split_dir, models / job.split_dir.name]))
     return merge_shares((job.split_dir.name, job.methods, *result)
                         for job, result in zip(jobs, results, strict=True))
 
@@ -112,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "descriptions of test relations outside a model's graph, read by "
                              "priors with model.prior.descriptions")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    add_cluster_argument(parser, "scoring jobs")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_section(EvalConfig, "evaluate", args.params)
@@ -136,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     jobs = split_jobs(args.splits, names, cfg, comparison, usable_workers(cfg.workers, device))
     said = {} if args.relations is None else {
         r: d for r, (_, d) in load_relation_texts(args.relations).items()}
-    per_split, nota = score_jobs(jobs, args.models, cfg, device, said)
+    per_split, nota = score_jobs(jobs, args.models, cfg, device, said, args.cluster)
     summary = report.summarise(per_split, nota) | detection.summarise_uncertainty(per_split, nota)
     metrics = report.headline_metrics(summary, args.benchmark,
                                       (*cfg.methods, *comparison.methods))

@@ -52,6 +52,7 @@ from model.training.config import (
 )
 from model.training.loop import TokenCache, frozen_states, prepare, train
 from model.training.state import finish, finished_summary, resume
+from pipeline.cluster import add_cluster_argument
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import (
@@ -62,7 +63,7 @@ from pipeline.io import (
     write_json,
 )
 from pipeline.schemas import GRAPH_SCHEMA, RELATION_TEXT_SCHEMA
-from pipeline.workers import run_jobs, usable_workers
+from pipeline.workers import JobFiles, run_jobs, usable_workers
 
 log = logging.getLogger(__name__)
 
@@ -276,6 +277,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--benchmark", default=None,
                         help="an entry of params.yaml benchmarks: train with its `train` keys "
                              "in place of the train section's")
+    add_cluster_argument(parser, "training jobs")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_train(args.params, args.benchmark)
@@ -324,8 +326,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # Forked workers inherit ``shared`` (graph, tokens, warm cache) through the closure; one
     # torch thread each (threads) uses the cores better than one process with several. On a
     # failure a model still training on another worker finishes (and is reused next run).
+    # On a cluster a job gets its split and its model folder, and sends the folder back.
     trained = iter(run_jobs(lambda job: train_one(job, shared), todo, workers=workers,
-                            threads=cfg.threads, describe=lambda job: job.name, log=log))
+                            threads=cfg.threads, describe=lambda job: job.name, log=log,
+                            cluster=args.cluster, gpu=device != "cpu",
+                            files=JobFiles(reads=lambda job: [job.split_dir],
+                                           writes=lambda job: [job.out])))
     summaries = [summary if summary is not None else next(trained) for summary in done]
     log.info("%d models in %.1f s", len(summaries), time.perf_counter() - t0)
     write_json({"models": summaries}, args.out / "summary.json")

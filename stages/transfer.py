@@ -37,6 +37,7 @@ from model.episodes import Setting
 from model.evaluation.splits import EvalConfig
 from model.evaluation.transfer import checkpoints, cut_relations, score_table
 from pipeline import detection, report
+from pipeline.cluster import add_cluster_argument
 from pipeline.config import field, load_benchmarks, load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.fewrel import load_relation_texts
@@ -224,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--report", type=Path, required=True)
     parser.add_argument("--table", type=Path, required=True)
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    add_cluster_argument(parser, "scoring jobs")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     params = load_section(TransferParams, "transfer", args.params)
@@ -263,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                   methods=methods or None, episodes=params.episodes,
                                   listed=table.column("relation").to_pylist(),
                                   workers=base.workers, descriptions=descriptions,
-                                  nota=spec.nota)
+                                  nota=spec.nota, cluster=args.cluster)
             results.setdefault(name, {})[bench] = out["summary"]
     if not results:
         raise PipelineError(f"no benchmark has models under {args.models}; run dvc repro train")

@@ -34,7 +34,7 @@ from model.methods import registry
 from pipeline import report
 from pipeline.detection import summarise_uncertainty
 from pipeline.errors import PipelineError
-from pipeline.workers import run_jobs, usable_workers
+from pipeline.workers import JobFiles, run_jobs, usable_workers
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
                 episodes: int | None = None, keep_trained: bool = False,
                 listed: Iterable[str] = (), workers: int = 1,
                 descriptions: Mapping[str, str | None] | None = None,
-                nota: bool = False) -> dict[str, Any]:
+                nota: bool = False, cluster: str | None = None) -> dict[str, Any]:
     """Score every method trained on every split under ``models`` on ``table``.
 
     Args:
@@ -145,6 +145,7 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
             ``base.nota_settings`` among ``settings``) and fit temperatures; the data has no
             validation relations, so thresholds, temperatures and best uncertainty scores are
             chosen on other episodes of the same relations.
+        cluster: a Dask scheduler's address to score on (None: this machine).
 
     Returns:
         ``summary`` (:func:`pipeline.report.summarise`, plus ``relations``, ``priors`` and
@@ -211,7 +212,9 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
     results = run_jobs(score, shares, workers=workers, threads=cfg.threads, log=log,
                        cost=lambda share: len(share.cfg.methods),
                        describe=lambda share: f"{share.split}: "
-                                              + (", ".join(share.cfg.methods) or FLOOR))
+                                              + (", ".join(share.cfg.methods) or FLOOR),
+                       cluster=cluster, gpu=device != "cpu",
+                       files=JobFiles(reads=lambda share: [models / share.split]))
     per_split, nota = merge_shares((share.split, cfg.methods, *result[:2])
                                    for share, result in zip(shares, results, strict=True))
     priors: dict[str, dict[str, int]] = {}

@@ -18,17 +18,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 from tqdm import tqdm
 
+from pipeline.cluster import ADDRESS_ENV, connect  # noqa: F401 - the stage reads it here
 from pipeline.errors import PipelineError
 from pipeline.wikidata.collect import FileStats, ParseResult, PartStore, manifest, merge
 from pipeline.wikidata.formats import detect_format
@@ -40,65 +39,6 @@ from pipeline.wikidata.ranges import (
     parse_range,
     plan_ranges,
 )
-
-#: Environment variable naming an existing scheduler (``tcp://host:8786``).
-ADDRESS_ENV = "REGRAB_DASK_ADDRESS"
-#: Seconds to wait for an existing scheduler to answer.
-CONNECT_TIMEOUT_S = 10
-#: Seconds to wait for a TCP connection to a scheduler's address, checked first.
-PROBE_TIMEOUT_S = 5.0
-
-
-def check_cluster(address: str | None, connect: bool = True) -> str | None:
-    """Normalise a Dask scheduler address (``host:port`` -> ``tcp://host:port``).
-
-    Args:
-        address: ``tcp://host:port``, ``tls://host:port`` or ``host:port``; None or
-            empty for no cluster.
-        connect: also check that something accepts connections there.
-
-    Raises:
-        PipelineError: a malformed address, or nothing answering at it.
-    """
-    if not address:
-        return None
-    url = address if "://" in address else f"tcp://{address}"
-    parts = urlsplit(url)
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError:
-        host, port = None, None
-    if parts.scheme not in {"tcp", "tls"} or not host or not port:
-        raise PipelineError(
-            f"cluster address '{address}' is not a Dask scheduler address; "
-            "give tcp://HOST:PORT (e.g. tcp://10.0.0.5:8786)"
-        )
-    if connect:
-        try:
-            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
-        except OSError as exc:
-            raise _unreachable(url, exc) from exc
-    return url
-
-
-def _unreachable(address: str, exc: BaseException) -> PipelineError:
-    return PipelineError(
-        f"cannot reach Dask scheduler at {address} ({type(exc).__name__}: {exc}); start it "
-        f"(`dask scheduler` and `dask worker {address}` on the machines), fix the "
-        f"address, or drop --cluster / unset {ADDRESS_ENV} to use a local cluster"
-    )
-
-
-def _connect(address: str) -> Any:
-    """A client of the scheduler at ``address``: a quick probe, then Dask's handshake."""
-    from distributed import Client
-
-    if "://" not in address or urlsplit(address).scheme in ("tcp", "tls"):  # not inproc://
-        address = check_cluster(address)
-    try:
-        return Client(address, timeout=CONNECT_TIMEOUT_S)
-    except Exception as exc:  # noqa: BLE001 - refused, timed out, or not Dask at all
-        raise _unreachable(address, exc) from exc
 
 
 def _local_cluster(workers: int) -> Any:
@@ -240,7 +180,7 @@ def parse_inputs(
         for work in plan_ranges(path, index, fmt, range_bytes)
     ]
     # A wrong scheduler address is one line before the work folder or the bar appear.
-    client = _connect(address) if address else None
+    client = connect(address) if address else None
     store = PartStore(work_dir, manifest(paths, formats, range_bytes))
     todo = [work for work in ranges if not store.done(work)]
     bar = tqdm(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline import cluster as cluster_module
 from pipeline.errors import PipelineError, run_cli
 from pipeline.wikidata import engine
 from pipeline.wikidata.collect import work_dir_for
@@ -191,7 +192,7 @@ def test_unreachable_scheduler_is_one_line(tmp_path, capsys, monkeypatch):
     tsv = tmp_path / "t.tsv"
     tsv.write_text("Q1\tP31\tQ5\n")
     address = "tcp://127.0.0.1:9"  # discard port: nothing listens
-    monkeypatch.setattr(engine, "CONNECT_TIMEOUT_S", 2)
+    monkeypatch.setattr(cluster_module, "CONNECT_TIMEOUT_S", 2)
     args = ["--out", str(tmp_path / "o.parquet"), "--no-progress", "--cluster", address, str(tsv)]
     with pytest.raises(SystemExit) as exit_info:
         run_cli(pw.main, args)
