@@ -79,29 +79,49 @@ def receive(bundle: Path, work: Path, log: Log) -> Path | None:
     return encoder
 
 
-def write_params(out: Path, log: Log, *presets_and_sets: str) -> Path:
-    """``python -m orchestration.overrides --write`` (the keys checked as the stages read
-    them)."""
-    cmd = [sys.executable, "-m", "orchestration.overrides", "--write", str(out)]
-    res = subprocess.run([*cmd, *presets_and_sets], cwd=ROOT, capture_output=True, text=True,
-                         check=False)
-    if res.returncode != 0:
-        log(res.stderr.strip())
-        die(f"could not write {out}: {res.stderr.strip().splitlines()[-1:]}")
-    return out
+def compose(out: Path, presets: list[Path], **changes: object) -> Path:
+    """params.yaml with the presets laid over it (each key must be one of params.yaml) and
+    ``changes`` (:func:`derive`). Not ``python -m orchestration.overrides --write``: its
+    checks import packages a bare GPU machine lacks (Hydra, orjson); the stages check every
+    section as they read it."""
+    import yaml
+
+    from pipeline.config import merged
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for preset in presets:
+        part = yaml.safe_load(preset.read_text()) or {}
+        stack = [((), part)]
+        while stack:
+            path, node = stack.pop()
+            for key, value in node.items():
+                where, cur = (*path, key), params
+                for k in where:
+                    cur = cur.get(k) if isinstance(cur, dict) else None
+                if cur is None and not (isinstance(value, dict) and not value):
+                    die(f"{preset}: {'.'.join(where)} is not a key of params.yaml; fix the "
+                        "preset")
+                if isinstance(value, dict):
+                    stack.append((where, value))
+        params = merged(params, part)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(yaml.safe_dump(params, sort_keys=False))
+    tmp.rename(out)
+    return derive(out, out, **changes)
 
 
 def derive(src: Path, dst: Path, **changes: object) -> Path:
-    """``src`` (written and checked by :func:`write_params`) with a few schedule keys changed
-    (``train__steps=300``), written atomically; the stages check them again as they read it.
-    One Python start less per file than :func:`write_params`, seconds each on a loaded
-    machine."""
+    """``src`` with a few keys changed (``train__steps=300`` sets train.steps), written
+    atomically; the stages check them as they read the file."""
     import yaml
 
     params = yaml.safe_load(src.read_text())
     for key, value in changes.items():
-        section, name = key.split("__")
-        params[section][name] = value
+        *path, name = key.split("__")
+        node = params
+        for k in path:
+            node = node[k]
+        node[name] = value
     tmp = dst.with_name(f".{dst.name}.tmp")
     tmp.write_text(yaml.safe_dump(params, sort_keys=False))
     tmp.rename(dst)
@@ -219,11 +239,10 @@ def run(args: argparse.Namespace) -> None:
                          "code_as_packed": version.get("code_sha256") == digest}
     presets = args.preset or [Path(p) for p in version.get("presets", [])] or [
         Path("params-gpu-mpnet.yaml")]
-    methods = f"[{','.join(args.methods)}]"
-    base = write_params(work / "params_base.yaml", log, *map(str, presets),
-                        "-S", f"model.encoder.name='{encoder}'",
-                        "-S", f"train.methods={methods}", "-S", f"evaluate.methods={methods}",
-                        "-S", "comparison.methods=[]", "-S", "train.dvclive=false")
+    methods = list(args.methods)
+    base = compose(work / "params_base.yaml", presets, model__encoder__name=str(encoder),
+                   train__methods=methods, evaluate__methods=methods, comparison__methods=[],
+                   train__dvclive=False)
     import yaml
 
     with base.open() as f:

@@ -31,8 +31,28 @@ TINY = {
 }
 
 
-def _script(name: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+#: Run as on a bare GPU machine: the packages it lacks cannot be imported.
+BARE = '''import sys
+
+MISSING = {"hydra", "omegaconf", "orjson", "dask", "distributed", "prefect", "ruamel", "dvc",
+           "dvclive"}
+
+
+class Missing:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.partition(".")[0] in MISSING:
+            raise ImportError(f"{name} is not on the GPU machine")
+
+
+sys.meta_path.insert(0, Missing)
+'''
+
+
+def _script(name: str, *args: str, cwd: Path = ROOT, bare: Path | None = None
+            ) -> subprocess.CompletedProcess:
+    path = str(ROOT) if bare is None else f"{ROOT}{os.pathsep}{bare}"
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
     res = subprocess.run([sys.executable, str(SCRIPTS / name), *args], cwd=cwd, env=env,
                          capture_output=True, text=True, check=False, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -68,9 +88,12 @@ def _call(root: Path, bundle: Path, carry: list[str], i: int, *extra: str):
     for c in carry:
         shutil.copytree(bundle / Path(c).name, there / Path(c).name)
     out = root / f"out{i}"
+    bare = root / "bare"
+    bare.mkdir(exist_ok=True)
+    (bare / "sitecustomize.py").write_text(BARE)
     res = _script("gpu_table.py", "--bundle", str(there), "--work", str(root / "work"),
                   "--out", str(out), "--min-steps", "2", "--eval-reserve", "5", "--margin", "1",
-                  *extra)
+                  *extra, bare=bare)
     return out, res.stdout
 
 
