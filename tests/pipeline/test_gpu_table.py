@@ -110,7 +110,8 @@ def test_pack_carry_and_run_the_table_on_the_cpu(packed):
         out, stdout = _call(root, bundle, carry, i)
         assert f"{i} of {len(calls)} encoder parts" in stdout or "encoder parts" in stdout
         assert not (out / "run.json").exists()
-    out, stdout = _call(root, bundle, calls[-1], len(calls), "--budget", "600")
+    # A budget no load on a CI machine can eat: the preset's own steps always fit.
+    out, stdout = _call(root, bundle, calls[-1], len(calls), "--budget", "100000")
     assert "s/step (median of steps 3-12" in stdout
     assert stdout.index("s/step") < stdout.index("plan:") < stdout.index("stages.train")
     record = json.loads((out / "run.json").read_text())
