@@ -131,8 +131,8 @@ def test_pack_carry_and_run_the_table_on_the_cpu(packed):
     names = [p.name for p in out.iterdir()]
     assert len(names) <= 8  # what one device call brings back
 
-    # A rerun on the warm machine, with too little time: the models trained above are
-    # reused, no new steps are chosen above the budget, and the table is written again.
+    # A rerun on the warm machine with too little time: the floor of steps, one split
+    # only (none after the first past the deadline), the table written again, no benchmark.
     out, stdout = _call(root, bundle, calls[-1], len(calls) + 1, "--budget", "1")
     record = json.loads((out / "run.json").read_text())
     assert record["plan"]["steps"] == 2  # the floor, since nothing fits one second
