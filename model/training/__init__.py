@@ -3,6 +3,7 @@
 Modules:
     config: the ``train`` and ``comparison`` params sections and a run's fingerprint.
     loop: preparing a run and the training loop.
+    precision: how a step runs on the hardware: bf16 autocast, fused AdamW, length buckets.
     state: the run record, resuming, and reusing a finished model.
     val_scores: the finished model's uncertainty on the validation relations, kept in its
         checkpoint for ``regrab-predict`` to abstain by.

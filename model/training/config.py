@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from model.config import RegrabConfig
 from model.episodes import Setting
@@ -76,6 +76,10 @@ class TrainConfig:
         wise_ft: weight of the trained encoder in the model that is validated and saved,
             the rest being the pre-trained weights (WiSE-FT, Wortsman et al., 2022); training
             itself goes on from the unmixed weights. 1 keeps the trained encoder as it is.
+        precision: ``fp32``, or ``bf16``: the encoder's passes of a training step under
+            bfloat16 autocast, float32 weights and optimizer (:mod:`model.training.precision`).
+        length_buckets: a training episode's sentences are encoded in this many batches of
+            similar length, each padded to its own longest (1: one batch).
     """
 
     methods: tuple[str, ...] = field(doc="methods to train (names in model/methods/registry.py); "
@@ -127,6 +131,14 @@ class TrainConfig:
                                            "validated and saved, the rest being the pre-trained "
                                            "weights (WiSE-FT); 1 keeps the trained encoder as it "
                                            "is")
+    precision: Literal["fp32", "bf16"] = field(
+        doc="fp32, or bf16: the encoder's forward and backward in a training step under "
+            "bfloat16 autocast, weights and optimizer kept in float32 (for CUDA GPUs; AdamW is "
+            "fused there either way)")
+    length_buckets: int = field(ge=1, doc="a training episode's sentences are encoded in this "
+                                          "many batches of similar length, each padded to its "
+                                          "own longest (1: one batch, padded to the episode's "
+                                          "longest sentence)")
 
     def __post_init__(self) -> None:
         for s in (*self.val_settings, *self.per_setting):

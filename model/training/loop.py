@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from model.config import RegrabConfig
-from model.encoder.frozen_cache import LowerCache, encode_all, encode_rows
+from model.encoder.frozen_cache import LowerCache, encode_all
 from model.encoder.tokens import TokenizedSet
 from model.episodes import EpisodeSampler, Setting, episode_accuracy, gather_episodes
 from model.files.checkpoint import (
@@ -39,7 +39,7 @@ from model.methods import registry
 from model.methods.base import FewShotModel
 from model.prior.graph import RelationGraph
 from model.prior.labels import LabelText
-from model.training import val_scores
+from model.training import precision, val_scores
 from model.training.config import TrainConfig
 from model.training.state import Run, save_state
 from pipeline.errors import PipelineError
@@ -116,7 +116,8 @@ def make_optimizer(model: FewShotModel, sched: TrainConfig) -> torch.optim.Optim
               if g["params"]]
     if not groups:
         groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.0}]
-    return torch.optim.AdamW(groups, weight_decay=sched.weight_decay)
+    return torch.optim.AdamW(groups, weight_decay=sched.weight_decay,
+                             **precision.optimizer_options(p for g in groups for p in g["params"]))
 
 
 def frozen_states(model: FewShotModel, split_dir: Path, sched: TrainConfig, tokens: TokenCache,
@@ -206,14 +207,16 @@ def train_step(run: Run) -> tuple[float, int, int]:
         k = 0
     ep = run.train_s.sample(run.rng, n, k, sched.queries, 1)
     rows = np.concatenate([ep.support.reshape(-1), ep.query.reshape(-1)])
-    enc = encode_rows(run.model.encoder, run.train_tok, rows, run.cache, batch_size=len(rows))
+    enc = precision.encode_episode(run.model.encoder, run.train_tok, rows, run.cache,
+                                   sched.length_buckets, sched.precision)
     local = type(ep)(ep.relation, np.arange(n * k).reshape(1, n, k),
                      n * k + np.arange(n * sched.queries).reshape(1, n, sched.queries))
     support, query, labels = gather_episodes(enc, local)
     prior_rows = run.train_rows[torch.from_numpy(ep.relation)]  # (1, N)
     if run.labels is not None:
-        h = run.model.head.prior_means(
-            None, prior_rows, run.labels.encodings(run.model.encoder, prior_rows))
+        with precision.encoder_precision(run.model.encoder, sched.precision):
+            text = run.labels.encodings(run.model.encoder, prior_rows)
+        h = run.model.head.prior_means(None, prior_rows, None if text is None else text.float())
     else:
         h = run.model.head.prior_means(None, prior_rows)
     log_p = run.model.head.log_predictive(support, query, h, run.noise)  # (1, Q, N)
