@@ -124,8 +124,7 @@ def suspicion_batches(head: Any, encodings: torch.Tensor, relation: np.ndarray,
         sup = encodings[torch.from_numpy(support[start:stop]).to(dev)]  # (B, N, K, D)
         rows = relation_rows.to(dev)[torch.from_numpy(relation[start:stop]).to(dev)]
         h = head.prior_means(states, rows)
-        parts.append(support_suspicion(head, sup.double(), None if h is None else h.double())
-                     .float().cpu().numpy())
+        parts.append(support_suspicion(head, sup, h).float().cpu().numpy())
     return np.concatenate(parts) if parts else np.zeros(support.shape, dtype=np.float32)
 
 

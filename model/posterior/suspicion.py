@@ -33,8 +33,10 @@ def _mask(support: torch.Tensor, counts: torch.Tensor | None) -> tuple[torch.Ten
     """The slots that hold a sentence (B, N, K), their counts per way (B, N, 1) as floats
     and the support with padding zeroed."""
     b, n, k, _ = support.shape
-    if counts is None:
-        counts = torch.full((b, n), k, dtype=torch.long, device=support.device)
+    if counts is None:  # no padding to zero
+        filled = torch.ones((b, n, k), dtype=torch.bool, device=support.device)
+        return filled, torch.full((b, n, 1), float(k), dtype=support.dtype,
+                                  device=support.device), support
     filled = torch.arange(k, device=support.device) < counts[..., None]  # (B, N, K)
     x = support * filled[..., None]
     return filled, counts.to(support.dtype)[..., None], x
@@ -113,13 +115,14 @@ def gaussian_suspicion(support: torch.Tensor, h: torch.Tensor, precision: torch.
     spread = variance + s2[..., 0]  # (B, N)
     other = (-0.5 * _sq_dist(x, mu) / spread[:, None, None]
              - 0.5 * d * torch.log(spread)[:, None, None])  # (B, N, K, N)
-    # Its own way's posterior without it.
+    # Its own way's posterior without it: mean a - c x, so x minus it is (1 + c) x - a.
     s2_own = 1.0 / (lam + (n - 1).clamp(min=0) / variance)  # (B, N, 1)
-    mu_own = s2_own[..., None] * (lam * h + total / variance)[:, :, None] \
-        - s2_own[..., None] * x / variance  # (B, N, K, D)
+    a = s2_own * (lam * h + total / variance)  # (B, N, D)
+    c = 1.0 + s2_own / variance  # (B, N, 1)
+    sq = (c * c * (x * x).sum(-1) - 2 * c * torch.einsum("bnkd,bnd->bnk", x, a)
+          + (a * a).sum(-1, keepdim=True))  # (B, N, K)
     spread_own = variance + s2_own  # (B, N, 1)
-    own = (-0.5 * (x - mu_own).pow(2).sum(-1) / spread_own
-           - 0.5 * d * torch.log(spread_own))  # (B, N, K)
+    own = -0.5 * sq.clamp(min=0) / spread_own - 0.5 * d * torch.log(spread_own)  # (B, N, K)
     return _margin(own, other, filled)
 
 
@@ -138,7 +141,10 @@ def prototype_suspicion(support: torch.Tensor, counts: torch.Tensor | None = Non
     other = -0.5 * _sq_dist(x, mean)  # (B, N, K, N)
     empty = (n[..., 0] == 0)[:, None, None, :]  # a way without sentences has no prototype
     other = other.masked_fill(empty, -math.inf)
-    rest = (total[:, :, None] - x) / (n - 1).clamp(min=1)[..., None]  # (B, N, K, D)
-    own = -0.5 * (x - rest).pow(2).sum(-1)
+    # x minus the mean of the rest is (n x - total) / (n - 1).
+    scale = n / (n - 1).clamp(min=1)  # (B, N, 1)
+    sq = scale * scale * ((x * x).sum(-1) - 2 * torch.einsum("bnkd,bnd->bnk", x, total) / n
+                          + (total * total).sum(-1, keepdim=True) / (n * n))
+    own = -0.5 * sq.clamp(min=0)
     out = _margin(own, other, filled)
     return out.masked_fill((n <= 1).expand_as(out), math.nan)
