@@ -42,6 +42,7 @@ class EvalConfig:
         noisy_setting: a setting (K >= 2) also scored as ``<setting>_noisy`` when it is one
             of ``settings``: its episodes with one support sentence of one way replaced by a
             sentence of another way (:mod:`model.evaluation.support_noise`); empty: none.
+        noisy_episodes: how many of that setting's episodes (the first ones) are scored noisy.
         workers: processes that score models at once, ``threads`` threads each (forked; on
             the CPU only). Every split (or share of its methods) encodes its own sentences
             from an empty cache, so the numbers are the same whatever the count.
@@ -79,6 +80,9 @@ class EvalConfig:
                                    "is one of `settings`: the same episodes with one support "
                                    "sentence of one way replaced by a sentence of another way "
                                    "of the episode; empty: none")
+    noisy_episodes: int = field(ge=1, doc="the first this many of the noisy setting's episodes "
+                                          "are scored with a mislabelled support sentence "
+                                          "(paired with the same clean ones)")
     workers: int = field(ge=1, doc="processes scoring at once (one per split, or per share of "
                                    "methods), `threads` threads each; the numbers are the same "
                                    "whatever the count")

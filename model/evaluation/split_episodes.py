@@ -142,8 +142,9 @@ class SplitEpisodes:
             self.plain[s.name] = self.test.sample(rng, s.ways, s.shots, cfg.queries, cfg.episodes)
         #: The noisy setting's episodes: the plain ones with a mislabelled support sentence.
         self.noisy: dict[str, NoisyEpisodes] = {} if cfg.noisy is None else {
-            cfg.noisy: plant_wrong(self.test, self.plain[cfg.noisy], np.random.default_rng(
-                [cfg.seed, split_index, 4000 + self.key(cfg.noisy)]))}
+            cfg.noisy: plant_wrong(
+                self.test, _first(self.plain[cfg.noisy], cfg.noisy_episodes),
+                np.random.default_rng([cfg.seed, split_index, 4000 + self.key(cfg.noisy)]))}
         self.table, self.val = test, None
         #: Descriptions of relations outside a model's graph, read with their names by a prior
         #: with ``descriptions: true`` (a user's relations file; empty: names only).
