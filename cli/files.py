@@ -51,10 +51,11 @@ def check_readable(path: Path, flag: str) -> None:
                                 "permissions or give another file") from exc
 
 
-def check_output(path: Path, formats: tuple[str, ...] = OUTPUT_FORMATS) -> str:
+def check_output(path: Path, formats: tuple[str, ...] = OUTPUT_FORMATS,
+                 option: str = "output") -> str:
     """The output format of ``path`` (its extension, one of ``formats``), once it is known to
-    be writable there."""
-    kind = _kind(path, formats, "output")
+    be writable there; ``option`` names it in an error."""
+    kind = _kind(path, formats, option)
     check_writable(path)
     return kind
 
@@ -142,6 +143,19 @@ def write_predictions(rows: list[dict[str, Any]], relations: list[str],
         pa.field("probabilities",
                  pa.struct([pa.field(r, pa.float64()) for r in relations]), nullable=False),
         pa.field("gold", pa.string()),
+    ])
+    write_rows(rows, path, schema)
+
+
+def write_support_scores(rows: list[dict[str, Any]], path: str | os.PathLike[str]) -> None:
+    """Write one row per support sentence (relation, index, suspicion, flagged, text),
+    atomically; the format follows the extension."""
+    schema = pa.schema([
+        pa.field("relation", pa.string(), nullable=False),
+        pa.field("index", pa.int64(), nullable=False),
+        pa.field("suspicion", pa.float64()),
+        pa.field("flagged", pa.bool_(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
     ])
     write_rows(rows, path, schema)
 

@@ -23,13 +23,17 @@ the checkpoint at training, in the stored setting closest to the support; ``--th
 abstains below top probability P instead. A checkpoint of an older version keeps no such
 quantiles and abstains only with ``--threshold``.
 
+Each support sentence gets a suspicion score, flagged above the checkpoint's validation cutoff
+(:mod:`model.predict.support_check`); ``--support-scores FILE`` writes them all.
+
 A bad support row or checkpoint stops with one ``error:`` line; a bad query (markers missing
 or unbalanced, a span outside the sentence, not JSON) is skipped and counted in the summary.
 
 Usage:
     regrab-predict --checkpoint models/nyt25/split_0/regrab/model.safetensors \
         --support tests/data/predict/support.jsonl --queries tests/data/predict/queries.jsonl \
-        --out preds.jsonl [--zero-shot P452] [--abstain-rate 0.05] [--seed 0] [--device auto]
+        --out preds.jsonl [--zero-shot P452] [--abstain-rate 0.05] [--seed 0] [--device auto] \
+        [--support-scores support_scores.jsonl]
 """
 
 from __future__ import annotations
@@ -42,7 +46,13 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from cli.files import check_output, check_readable, read_records, write_predictions
+from cli.files import (
+    check_output,
+    check_readable,
+    read_records,
+    write_predictions,
+    write_support_scores,
+)
 from cli.guard import refuse_same, run_command
 from cli.limits import add_run_options, check_chain_time, check_run_options
 from cli.text import lone_surrogate, shown
@@ -294,12 +304,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threshold", type=float, default=None, metavar="P",
                    help="abstain when the top probability is below P instead (overrides "
                         "--abstain-rate and --abstain-score; 0: never)")
+    p.add_argument("--support-scores", type=Path, default=None, metavar="FILE",
+                   help="write each support sentence's relation, index, text, suspicion "
+                        "(larger: its relation less likely given the rest) and flagged (above "
+                        "the checkpoint's validation cutoff), .jsonl or .parquet")
     add_run_options(p, "seed of the posterior samples", "queries per prediction call")
     args = p.parse_args(argv)
     check_run_options(args)
     check_output(args.out)  # before the predictions, not after them
-    refuse_same(args.out, "--out", {"--queries": args.queries, "--support": args.support,
-                                    "--relations": args.relations})
+    inputs = {"--queries": args.queries, "--support": args.support,
+              "--relations": args.relations}
+    refuse_same(args.out, "--out", inputs)
+    if args.support_scores is not None:
+        check_output(args.support_scores, option="--support-scores")
+        refuse_same(args.support_scores, "--support-scores", {**inputs, "--out": args.out})
     return args
 
 
@@ -341,10 +359,17 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
             rows.append({"line": q["line"], "id": q["id"], "text": q["sentence"].marked(),
                          **rec, "gold": q["gold"]})
     write_predictions(rows, summary.relations, args.out)
+    check = predictor.support_check
+    suspicion = [{**r, "text": support[r["relation"]][r["index"]].marked()} for r in
+                 check.records()]
+    if args.support_scores is not None:
+        write_support_scores(suspicion, args.support_scores)
+        print(f"wrote {len(suspicion)} support sentences' suspicion to {args.support_scores}")
 
     abstained = sum(r["abstain"] for r in rows)
     for line in summary.lines():
         print(line)
+    print(check.line())
     print(f"queries: {len(rows) + len(skipped)} read, {len(skipped)} skipped, {len(rows)} "
           f"predicted, {abstained} abstained (abstain when: {rule.text})")
     for reason in skipped[:SHOWN_SKIPS]:
@@ -355,7 +380,8 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
               "abstain_score": rule.score, "abstain_cutoff": rule.cutoff,
               "abstain_setting": None if rule.setting is None else rule.setting.name,
               "priors": summary.priors, "texts": summary.texts,
-              "text_counts": summary.text_counts}
+              "text_counts": summary.text_counts, "support_flagged": check.count,
+              "support_cutoff": check.cutoff, "support_suspicion": suspicion}
     scored = [r for r in rows if r["gold"] in summary.relations]
     if scored:
         acc = float(np.mean([r["best"] == r["gold"] for r in scored]))

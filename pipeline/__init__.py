@@ -1,2 +1,3 @@
 """Shared plumbing for the REGRAB pipeline: config and its sections, Parquet I/O, schemas,
-Wikidata, report and its detection tables, the active-labelling summary."""
+Wikidata, report and its detection and mislabelled-support tables, the active-labelling
+summary."""

@@ -27,7 +27,7 @@ from model.encoder.frozen_cache import LowerCache
 from model.evaluation.config import EvalConfig
 from model.evaluation.splits import evaluate_split, merge_shares, method_shares
 from model.training.config import ComparisonConfig, load_comparison
-from pipeline import detection, plots, report
+from pipeline import detection, plots, report, support_noise
 from pipeline.cluster import add_cluster_argument
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
@@ -142,11 +142,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     said = {} if args.relations is None else {
         r: d for r, (_, d) in load_relation_texts(args.relations).items()}
     per_split, nota = score_jobs(jobs, args.models, cfg, device, said, args.cluster)
-    summary = report.summarise(per_split, nota) | detection.summarise_uncertainty(per_split, nota)
+    summary = (report.summarise(per_split, nota) | detection.summarise_uncertainty(per_split, nota)
+               | support_noise.summarise(per_split))
     metrics = report.headline_metrics(summary, args.benchmark,
                                       (*cfg.methods, *comparison.methods))
-    metrics |= detection.headline_detection(summary)
-    settings = list(cfg.settings)
+    metrics |= detection.headline_detection(summary) | support_noise.headline(summary)
+    settings = list(cfg.settings) + [f"{cfg.noisy}_noisy"] * (cfg.noisy is not None)
     note = (f"Test relations of {len(names)} split(s), {cfg.episodes} episodes per setting "
             f"and split, {cfg.queries} queries per way. `floor`: frozen pre-trained encoder, "
             "entity-mean pooling, cosine similarity to the renormalised mean of the unit "
@@ -159,7 +160,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report.write_json_ordered(metrics, metrics_tmp)
         report.write_json_ordered(summary, report_tmp, digits=4)
         table_tmp.write_text(report.markdown_report(summary, settings, note)
-                             + "\n".join(detection.markdown_detection(summary)) + "\n")
+                             + "\n".join(detection.markdown_detection(summary)
+                                   + support_noise.markdown(summary)) + "\n")
         plots.plot_accuracy(summary, settings, plot_tmp, args.benchmark)
         plots.plot_reliability(summary, list(cfg.methods), settings, reliability_tmp)
         report.write_selective_csv(summary, selective_tmp)

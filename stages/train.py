@@ -36,13 +36,14 @@ from model.files.checkpoint import (
     LEGACY_FILES,
     MODEL_FILE,
     STATE_FILE,
+    Checkpoint,
     read_checkpoint,
     save_checkpoint,
 )
 from model.methods import registry
 from model.methods.registry import build_model, config_for_method
 from model.prior.graph import RelationGraph
-from model.training import val_scores
+from model.training import val_noise, val_scores
 from model.training.config import (
     ComparisonConfig,
     TrainConfig,
@@ -210,17 +211,24 @@ def reused(job: Job) -> dict[str, Any] | None:
 
 
 def measure_finished(job: Job, shared: Shared) -> None:
-    """Store the uncertainty on the validation relations of a finished model that an older
-    version trained without it (:mod:`model.training.val_scores`), as training would have;
-    its weights, metrics and history stay as they are."""
+    """Store the uncertainty on the validation relations and the suspicion cutoff of a
+    finished model that an older version trained without them
+    (:mod:`model.training.val_scores`, :mod:`model.training.val_noise`), as training would
+    have; its weights, metrics and history stay as they are."""
     path = job.out / MODEL_FILE
     best = read_checkpoint(path)
     run = prepare(job.split_dir, job.method, shared.configs[job.method], job.sched,
                   shared.graph, shared.device, shared.tokens, shared.cache.copy(),
                   job.sched.seed, job.seed_key)
-    scores = val_scores.measure(run, best)
-    if scores is not None:
-        save_checkpoint(path, dataclasses.replace(best, val_scores=scores))
+    scores = best.val_scores or val_scores.measure(run, best)
+    noise = best.support_noise or val_noise.measure(run, best)
+    if scores is not None or noise is not None:
+        save_checkpoint(path, dataclasses.replace(best, val_scores=scores, support_noise=noise))
+
+
+def _unmeasured(best: Checkpoint) -> bool:
+    """Whether a finished model lacks what training measures on the validation relations."""
+    return best.val_scores is None or best.support_noise is None
 
 
 def train_one(job: Job, shared: Shared, on_step=None) -> dict[str, Any]:
@@ -238,7 +246,7 @@ def train_one(job: Job, shared: Shared, on_step=None) -> dict[str, Any]:
                "best_val_acc": run.best, "best_step": result["best_step"],
                "steps": sched.steps, "final_loss": result["final_loss"]}
     # No wall-clock time in the model folder (a DVC output): a rerun writes it byte for byte.
-    finish(best_path, summary, run.history, result["val_scores"])
+    finish(best_path, summary, run.history, result["val_scores"], result["support_noise"])
     state_path.unlink(missing_ok=True)
     log.info("%s, %.1f s", summary, result["seconds"])
     return summary
@@ -311,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     done = [reused(job) for job in jobs]
     todo = [job for job, summary in zip(jobs, done, strict=True) if summary is None]
     unmeasured = [job for job, summary in zip(jobs, done, strict=True) if summary is not None
-                  and read_checkpoint(job.out / MODEL_FILE).val_scores is None]
+                  and _unmeasured(read_checkpoint(job.out / MODEL_FILE))]
     workers = usable_workers(cfg.workers, device, len(todo))
     log.info("%d models, %d to train, %d worker(s)", len(jobs), len(todo), workers)
     shared = Shared(configs, graph, device, TokenCache(), LowerCache())

@@ -8,5 +8,7 @@ Modules:
     uncertainty: every uncertainty score of a query, and out-of-set detection measures.
     calibration: the validation temperature.
     nota: "none of the above" episodes.
+    support_noise: episodes with a mislabelled support sentence, and each support
+        sentence's suspicion.
     transfer: scoring checkpoints on another domain (SemEval).
 """

@@ -39,6 +39,10 @@ class EvalConfig:
         temperature_episodes: validation episodes per setting and split on which each model
             gets a temperature (:mod:`model.evaluation.calibration`), reported as the ECE after
             temperature scaling; 0 turns it off (so does a split without ``val.parquet``).
+        noisy_setting: a setting (K >= 2) also scored as ``<setting>_noisy`` when it is one
+            of ``settings``: its episodes with one support sentence of one way replaced by a
+            sentence of another way (:mod:`model.evaluation.support_noise`); empty: none.
+        noisy_episodes: how many of that setting's episodes (the first ones) are scored noisy.
         workers: processes that score models at once, ``threads`` threads each (forked; on
             the CPU only). Every split (or share of its methods) encodes its own sentences
             from an empty cache, so the numbers are the same whatever the count.
@@ -72,6 +76,13 @@ class EvalConfig:
                                                 "which each model gets a temperature (temperature "
                                                 "scaling); the reports show the ECE after it next "
                                                 "to the raw ECE; 0 turns it off")
+    noisy_setting: str = field(doc="a setting (K >= 2) also scored as <setting>_noisy when it "
+                                   "is one of `settings`: the same episodes with one support "
+                                   "sentence of one way replaced by a sentence of another way "
+                                   "of the episode; empty: none")
+    noisy_episodes: int = field(ge=1, doc="the first this many of the noisy setting's episodes "
+                                          "are scored with a mislabelled support sentence "
+                                          "(paired with the same clean ones)")
     workers: int = field(ge=1, doc="processes scoring at once (one per split, or per share of "
                                    "methods), `threads` threads each; the numbers are the same "
                                    "whatever the count")
@@ -88,6 +99,16 @@ class EvalConfig:
         for s in self.nota_settings:
             if Setting.parse(s).shots == 0:
                 raise ValueError(f"evaluate.nota_settings has {s}; NOTA needs K >= 1 shots")
+        if self.noisy_setting and Setting.parse(self.noisy_setting).shots < 2:
+            raise ValueError(f"evaluate.noisy_setting {self.noisy_setting} has fewer than 2 "
+                             "shots, so nothing is left of a way beside its mislabelled "
+                             "sentence; name a setting with K >= 2, e.g. 5w5s, or leave it "
+                             "empty")
+
+    @property
+    def noisy(self) -> str | None:
+        """The setting scored with a mislabelled support sentence too, when it is scored."""
+        return self.noisy_setting if self.noisy_setting in self.settings else None
 
     @property
     def nota(self) -> bool:

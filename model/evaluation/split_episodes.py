@@ -38,6 +38,13 @@ from model.evaluation.scoring import (
     scores_from_log_probs,
     selective_accuracy,
 )
+from model.evaluation.support_noise import (
+    NoisyEpisodes,
+    detection_of_wrong,
+    noisy_name,
+    plant_wrong,
+    suspicion_batches,
+)
 from model.evaluation.uncertainty import (
     POINT_SCORES,
     SCORES,
@@ -133,6 +140,11 @@ class SplitEpisodes:
         for s in self.settings:
             rng = np.random.default_rng([cfg.seed, split_index, self.key(s.name)])
             self.plain[s.name] = self.test.sample(rng, s.ways, s.shots, cfg.queries, cfg.episodes)
+        #: The noisy setting's episodes: the plain ones with a mislabelled support sentence.
+        self.noisy: dict[str, NoisyEpisodes] = {} if cfg.noisy is None else {
+            cfg.noisy: plant_wrong(
+                self.test, _first(self.plain[cfg.noisy], cfg.noisy_episodes),
+                np.random.default_rng([cfg.seed, split_index, 4000 + self.key(cfg.noisy)]))}
         self.table, self.val = test, None
         #: Descriptions of relations outside a model's graph, read with their names by a prior
         #: with ``descriptions: true`` (a user's relations file; empty: names only).
@@ -203,6 +215,7 @@ class SplitEpisodes:
         out.nota_test = {k: [_first(e, n) for e in v] for k, v in self.nota_test.items()}
         out.nota_val = {k: [_first(e, n) for e in v] for k, v in self.nota_val.items()}
         out.calib = {k: _first(e, n) for k, e in self.calib.items()}
+        out.noisy = {k: _first(e, n) for k, e in self.noisy.items()}
         return out
 
     def names(self) -> dict[str, str | None]:
@@ -291,7 +304,24 @@ class SplitEpisodes:
                         extra[j].label == OUTSIDE,
                         select_scores(val_all.uncertainty, val_cols, tau, val_log_p),
                         val_eps[j].label == OUTSIDE)}
+        for name in settings:
+            if name in self.noisy:
+                cells[noisy_name(name)] = self._noisy(head, test_enc, test_rows, name, bins)
         return cells, nota
+
+    def _noisy(self, head: torch.nn.Module, enc: torch.Tensor, rows: torch.Tensor, name: str,
+               bins: int) -> dict[str, Any]:
+        """The cell of ``name``'s episodes with a mislabelled support sentence, and how well
+        the head's suspicion of each support sentence finds it (``support_noise``)."""
+        ep, cfg = self.noisy[name], self.cfg
+        query, label = flat_queries(ep.query)
+        log_p, _ = score_episodes(
+            head, enc, ep.relation, ep.support, query, label, rows, cfg.batch_episodes,
+            _generator(enc.device, cfg.seed, self.index, self.key(name)))  # the clean one's
+        out = cell(scores_from_log_probs(log_p, label), bins)
+        found = suspicion_batches(head, enc, ep.relation, ep.support, rows, cfg.batch_episodes)
+        out["support_noise"] = detection_of_wrong(found, ep.wrong)
+        return out
 
     def _tempered(self, head: torch.nn.Module, enc: torch.Tensor,
                   rows_of: Callable[[list[str]], torch.Tensor], name: str, log_p: np.ndarray,

@@ -189,7 +189,7 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
         nota_settings=tuple(s for s in base.nota_settings
                             if nota and s in {x.name for x in settings}),
         nota_episodes=episodes or base.episodes,
-        temperature_episodes=base.temperature_episodes if nota else 0)
+        temperature_episodes=base.temperature_episodes if nota else 0, noisy_setting="")
     needed = max(s.shots for s in settings) + cfg.queries
     table, relations = sort_relations(table, needed, trained, keep_trained, listed)
     usable = len(relations["relations_scored"])

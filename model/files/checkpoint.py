@@ -25,6 +25,7 @@ import torch
 from model.config import RegrabConfig
 from model.files import tensor_file
 from model.files.score_quantiles import MAX_VAL_SETTINGS, ScoreQuantiles
+from model.files.suspicion_cutoff import SuspicionCutoff
 from model.files.tensor_file import TRANSE_FORMAT
 from pipeline.errors import PipelineError
 
@@ -116,6 +117,9 @@ class Checkpoint:
         val_scores: the model's uncertainty on its validation relations per setting
             (:class:`~model.files.score_quantiles.ScoreQuantiles`), written when training
             finished; None in files of older versions.
+        support_noise: the cutoff above which a support sentence is flagged as possibly
+            mislabelled (:class:`~model.files.suspicion_cutoff.SuspicionCutoff`), chosen on
+            the validation relations when training finished; None in files of older versions.
     """
 
     config: RegrabConfig
@@ -131,6 +135,7 @@ class Checkpoint:
     resume: ResumePoint | None = None
     encoder_files: str | None = None
     val_scores: tuple[ScoreQuantiles, ...] | None = None
+    support_noise: SuspicionCutoff | None = None
 
     @classmethod
     def of(cls, model: FewShotModel, **fields: Any) -> Checkpoint:
@@ -196,7 +201,7 @@ class Checkpoint:
 #: The optional keys of a checkpoint's data tree and their types.
 _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "params": dict, "step": int, "val_acc": (int, float), "done": bool, "relations": dict,
-    "summary": dict, "history": list, "val_scores": list,
+    "summary": dict, "history": list, "val_scores": list, "support_noise": dict,
 }
 #: The keys of a resume point, all present or none.
 _RESUME: dict[str, type | tuple[type, ...]] = {
@@ -231,14 +236,23 @@ def optional_fields(source: dict[str, Any], where: str) -> dict[str, Any]:
         except ValueError as exc:
             raise PipelineError(f"{where} has malformed validation scores ({exc}); retrain "
                                 "it") from None
+    if fields["support_noise"] is not None:
+        try:
+            fields["support_noise"] = SuspicionCutoff.parse(fields["support_noise"])
+        except ValueError as exc:
+            raise PipelineError(f"{where} has a malformed support_noise cutoff ({exc}); "
+                                "retrain it") from None
     return fields
 
 
 def stored_scores(checkpoint: Checkpoint) -> dict[str, Any]:
-    """The validation scores as a file or model folder stores them (nothing when none)."""
+    """The validation scores and the suspicion cutoff as a file or model folder stores them
+    (nothing when none)."""
+    noise = checkpoint.support_noise
+    out = {} if noise is None else {"support_noise": noise.to_tree()}
     if checkpoint.val_scores is None:
-        return {}
-    return {"val_scores": [{**dataclasses.asdict(s), "quantiles": {
+        return out
+    return out | {"val_scores": [{**dataclasses.asdict(s), "quantiles": {
         k: list(v) for k, v in s.quantiles.items()}} for s in checkpoint.val_scores]}
 
 

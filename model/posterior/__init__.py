@@ -7,4 +7,6 @@ Modules:
         the sampler around it (:class:`LangevinSampler`).
     logits: similarities of query encodings with prototypes, and cheap draws of a Gaussian
         sample's logits.
+    suspicion: how unlikely a support sentence's label is given the rest of the support
+        (leave-one-out posterior predictive, or a leave-one-out prototype).
 """

@@ -7,4 +7,5 @@ Modules:
     active: which pool sentence to label next (the strategies bald, entropy, margin, random).
     simulation: a simulated user labelling a pool with each strategy, on cached encodings.
     summary: what a support set gave each candidate relation (prior kind, text read).
+    support_check: each support sentence's suspicion, and those flagged as mislabelled.
 """

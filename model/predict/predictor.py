@@ -47,10 +47,12 @@ from model.encoder.frozen_cache import encode_all
 from model.evaluation.uncertainty import SCORES, mc_log_probs, uncertainty_scores
 from model.files.loader import load_model
 from model.files.score_quantiles import ScoreQuantiles
+from model.files.suspicion_cutoff import SuspicionCutoff
 from model.methods.base import FewShotModel
 from model.predict.abstain import AbstainRule, check_request, make_rule
 from model.predict.sentences import parse_sentence, sentences_table
 from model.predict.summary import SupportSummary, unread_descriptions
+from model.predict.support_check import SupportCheck, check_support
 from model.prior.labels import relation_name
 from pipeline.errors import PipelineError
 
@@ -188,13 +190,16 @@ class Predictor:
             and the score).
         val_scores: the checkpoint's uncertainty on its validation relations
             (:attr:`~model.files.checkpoint.Checkpoint.val_scores`).
+        support_noise: the checkpoint's suspicion cutoff, above which a support sentence is
+            flagged as possibly mislabelled (None: scored, never flagged).
         batch_size: sentences per encoder batch.
     """
 
     def __init__(self, model: FewShotModel, seed: int = 0, threshold: float | None = None,
                  batch_size: int = 64, abstain_rate: float | None = None,
                  abstain_score: str | None = None,
-                 val_scores: Sequence[ScoreQuantiles] | None = None) -> None:
+                 val_scores: Sequence[ScoreQuantiles] | None = None,
+                 support_noise: SuspicionCutoff | None = None) -> None:
         check_request(abstain_rate, abstain_score, threshold, val_scores or ())
         if not 0 <= seed < SEED_BOUND:
             raise PipelineError(f"seed {seed} is out of range; give one from 0 to "
@@ -210,6 +215,9 @@ class Predictor:
         self.batch_size = int(batch_size)
         self.device = next(model.parameters()).device
         self.summary: SupportSummary | None = None
+        self.support_noise = support_noise
+        #: Each support sentence's suspicion and the flagged ones (:meth:`set_support`).
+        self.support_check: SupportCheck | None = None
         self._groups: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
 
     @classmethod
@@ -223,7 +231,8 @@ class Predictor:
             raise PipelineError(f"checkpoint {path} is corrupt ({type(exc).__name__}: "
                                 f"{str(exc).splitlines()[0][:120]}); retrain it") from exc
         try:
-            return cls(model, val_scores=checkpoint.val_scores, **kwargs)
+            return cls(model, val_scores=checkpoint.val_scores,
+                       support_noise=checkpoint.support_noise, **kwargs)
         except NonFiniteWeights as exc:
             raise PipelineError(f"checkpoint {path}: {exc}") from None
 
@@ -300,6 +309,7 @@ class Predictor:
                            for s in support[r][:u]])  # (sum K, D)
         states = head.prior_states()
         h = head.prior_means(states, rows[None].to(self.device))  # (1, N, D) or None
+        self.support_check = check_support(head, enc, used, h, relations, self.support_noise)
         offsets = np.concatenate([[0], np.cumsum(used)])
         self._groups = []
         for k in sorted(set(used)):

@@ -7,4 +7,6 @@ Modules:
     state: the run record, resuming, and reusing a finished model.
     val_scores: the finished model's uncertainty on the validation relations, kept in its
         checkpoint for ``regrab-predict`` to abstain by.
+    val_noise: the finished model's suspicion cutoff for mislabelled support sentences,
+        chosen on the validation relations, kept in its checkpoint for ``regrab-predict``.
 """

@@ -39,7 +39,7 @@ from model.methods import registry
 from model.methods.base import FewShotModel
 from model.prior.graph import RelationGraph
 from model.prior.labels import LabelText
-from model.training import precision, val_scores
+from model.training import precision, val_noise, val_scores
 from model.training.config import TrainConfig
 from model.training.state import Run, save_state
 from pipeline.errors import PipelineError
@@ -327,4 +327,5 @@ def train(run: Run, out_dir: Path, params: dict[str, Any], live: Any = None,
     return {"best_step": best.step, "seconds": seconds,
             "final_loss": float(np.mean([h["loss"] for h in run.history[-20:]])),
             # After the loop and with its own generators: the training is as without it.
-            "val_scores": val_scores.measure(run, best)}
+            "val_scores": val_scores.measure(run, best),
+            "support_noise": val_noise.measure(run, best)}

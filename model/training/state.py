@@ -23,6 +23,7 @@ from model.encoder.tokens import TokenizedSet
 from model.episodes import EpisodeSampler
 from model.files.checkpoint import Checkpoint, ResumePoint, read_checkpoint, save_checkpoint
 from model.files.score_quantiles import ScoreQuantiles
+from model.files.suspicion_cutoff import SuspicionCutoff
 from model.methods.base import FewShotModel
 from model.prior.labels import LabelText
 from model.training.config import TrainConfig
@@ -113,12 +114,15 @@ def save_state(run: Run, path: Path, params: dict[str, Any]) -> None:
 
 
 def finish(best_path: Path, summary: dict[str, Any], history: list[dict[str, Any]],
-           val_scores: tuple[ScoreQuantiles, ...] | None = None) -> None:
+           val_scores: tuple[ScoreQuantiles, ...] | None = None,
+           support_noise: SuspicionCutoff | None = None) -> None:
     """Mark the best model as done (a rerun with the same params and inputs reuses it), with
-    its uncertainty on the validation relations (:mod:`model.training.val_scores`)."""
+    its uncertainty on the validation relations (:mod:`model.training.val_scores`) and its
+    suspicion cutoff (:mod:`model.training.val_noise`)."""
     best = read_checkpoint(best_path)
     save_checkpoint(best_path, dataclasses.replace(best, done=True, summary=summary,
-                                                   history=history, val_scores=val_scores))
+                                                   history=history, val_scores=val_scores,
+                                                   support_noise=support_noise))
 
 
 def finished_summary(best_path: Path, state_path: Path,

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -132,21 +134,30 @@ def setting_scores(model: FewShotModel, enc: torch.Tensor, sampler: EpisodeSampl
                           default, auroc, reason)
 
 
-@torch.no_grad()
-def measure(run: Run, best: Checkpoint) -> tuple[ScoreQuantiles, ...] | None:
-    """Every setting's record for the best model of a finished run (None when the validation
-    split supplies no setting).
+@contextmanager
+def on_validation(run: Run, best: Checkpoint
+                  ) -> Iterator[tuple[FewShotModel, torch.Tensor, torch.Tensor]]:
+    """The best model in eval mode, the encodings of the validation sentences and the graph
+    rows of the validation relations, with the global torch generator put back after.
 
     ``run.model`` gets the best weights (what was saved, WiSE-FT mix and fitted scales
     included); training is over, so nothing reads the last step's weights after this.
     """
-    start = time.perf_counter()
     model = run.model
     with torch.random.fork_rng(devices=[]):
         model.load_state_dict({**model.state_dict(), **best.state}, strict=True)
         model.eval()
         enc = encode_all(model.encoder, run.val_tok, run.cache, run.sched.encode_batch)
-        rows = model.rows(run.val_s.relations).to(enc.device)
+        yield model, enc, model.rows(run.val_s.relations).to(enc.device)
+
+
+@torch.no_grad()
+def measure(run: Run, best: Checkpoint) -> tuple[ScoreQuantiles, ...] | None:
+    """Every setting's record for the best model of a finished run (None when the validation
+    split supplies no setting; the best weights are put in ``run.model``, :func:`on_validation`).
+    """
+    start = time.perf_counter()
+    with on_validation(run, best) as (model, enc, rows):
         found = [setting_scores(model, enc, run.val_s, rows, s, run.sched.queries,
                                 run.val_seed + 1000 + i)
                  for i, s in enumerate(SETTINGS)]

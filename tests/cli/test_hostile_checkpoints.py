@@ -279,6 +279,10 @@ UNFIT = {
                        "malformed validation scores (nan is not a finite number)"),
     "val_scores_type": (_set("val_scores", 0, "ways", [5] * 10**5),
                         "malformed validation scores (ways [5, 5, 5"),
+    "support_noise_nan": (lambda p: p.update(support_noise={
+        "ways": 5, "shots": 5, "episodes": 200, "cutoff": float("nan"), "auroc": 90.0,
+        "flagged_wrong": 80.0, "flagged_clean": 2.0, "reason": "x"}),
+        "malformed support_noise cutoff (cutoff nan is not a finite number)"),
 }
 
 

@@ -111,6 +111,10 @@ def test_the_validation_uncertainty_is_stored_and_changes_nothing_else(inputs, t
     assert all(s.default == "max_prob" and "2 validation relations" in s.reason
                for s in kept.val_scores)
     assert read_checkpoint(tmp_path / "without" / path).val_scores is None
+    # The support suspicion cutoff, chosen on 2-way 5-shot validation episodes.
+    noise = kept.support_noise
+    assert (noise.ways, noise.shots, noise.episodes) == (2, 5, 200)
+    assert 0 <= noise.flagged_clean <= 100 and "the highest F1" in noise.reason
     save_checkpoint(tmp_path / "stripped", dataclasses.replace(kept, val_scores=None))
     assert (tmp_path / "stripped").read_bytes() == (tmp_path / "without" / path).read_bytes()
     assert (tmp_path / "with/summary.json").read_bytes() == \

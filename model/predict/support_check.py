@@ -1,0 +1,91 @@
+"""Which support sentences may be mislabelled: each one's suspicion, and the flagged ones.
+
+:func:`check_support` scores every support sentence a :class:`~model.predict.predictor.Predictor`
+uses (:func:`~model.evaluation.support_noise.support_suspicion`: REGRAB's leave-one-out
+posterior predictive against the best other relation, a point method's leave-one-out
+prototype) and flags those above the checkpoint's cutoff, chosen on its validation relations
+(:class:`~model.files.suspicion_cutoff.SuspicionCutoff`). A checkpoint of an older version has
+no cutoff: the scores are given, nothing is flagged, and :attr:`SupportCheck.rule` says why.
+
+Shapes:
+    N candidate relations, K shots (the most of any relation), D encoding size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from model.evaluation.support_noise import support_suspicion
+from model.files.suspicion_cutoff import SuspicionCutoff
+
+
+@dataclass
+class SupportCheck:
+    """Suspicion of each relation's support sentences (None: not scored, a point method's
+    only sentence of a relation) and which are flagged."""
+
+    relations: list[str]
+    scores: list[list[float | None]]  # per relation, per sentence used
+    cutoff: float | None
+    rule: str  # how the cutoff was chosen, or why nothing is flagged
+
+    def flagged(self, relation: int, index: int) -> bool:
+        score = self.scores[relation][index]
+        return self.cutoff is not None and score is not None and score > self.cutoff
+
+    def records(self) -> list[dict[str, Any]]:
+        """One record per scored support sentence: relation, its place among the relation's
+        sentences (0-based, in the order given), suspicion and whether it is flagged."""
+        return [{"relation": r, "index": j, "suspicion": s, "flagged": self.flagged(i, j)}
+                for i, r in enumerate(self.relations) for j, s in enumerate(self.scores[i])]
+
+    @property
+    def count(self) -> int:
+        return sum(rec["flagged"] for rec in self.records())
+
+    def line(self) -> str:
+        shown = [f"{rec['relation']} #{rec['index']} ({rec['suspicion']:.3g})"
+                 for rec in self.records() if rec["flagged"]]
+        return (f"support sentences flagged as possibly mislabelled: {self.count}"
+                + (f" ({', '.join(shown)})" if shown else "") + f"; {self.rule}")
+
+
+@torch.no_grad()
+def check_support(head: Any, enc: torch.Tensor, used: list[int], h: torch.Tensor | None,
+                  relations: list[str], cutoff: SuspicionCutoff | None) -> SupportCheck:
+    """The :class:`SupportCheck` of a support set.
+
+    Args:
+        head: the model's head.
+        enc: the encodings of the sentences used, relation after relation.
+        used: sentences used per relation.
+        h: the prior means (None without a prior).
+        relations: the candidate relations, in the order of ``used``.
+        cutoff: the checkpoint's record (None: nothing is flagged).
+
+    Shapes:
+        enc: (sum used, D), h: (1, N, D) or None
+    """
+    n, k, d = len(used), max(used), enc.shape[-1]
+    padded = enc.new_zeros(1, n, max(k, 1), d, dtype=torch.float64)
+    start = 0
+    for i, u in enumerate(used):
+        padded[0, i, :u] = enc[start:start + u].double()
+        start += u
+    counts = torch.tensor([used], device=enc.device)
+    found = support_suspicion(head, padded, None if h is None else h.double(), counts)[0]
+    scores = [[None if math.isnan(v) else float(f"{v:.6g}") for v in found[i, :u].tolist()]
+              for i, u in enumerate(used)]
+    if cutoff is None:
+        rule = ("this checkpoint keeps no suspicion cutoff measured on validation relations "
+                "(an older version trained it), so the scores are written and nothing is "
+                "flagged; the train stage measures it for a finished model without "
+                "retraining it")
+        return SupportCheck(relations, scores, None, rule)
+    rule = (f"flagged above suspicion {cutoff.cutoff:.4g}, chosen on the validation relations: "
+            f"{cutoff.reason}")
+    return SupportCheck(relations, scores, cutoff.cutoff, rule)
