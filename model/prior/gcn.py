@@ -31,6 +31,7 @@ Shapes:
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Literal
@@ -52,6 +53,11 @@ from pipeline.schemas import FEWSHOT_SCHEMA
 
 log = logging.getLogger(__name__)
 
+#: The graph term's weights (its deviation from its mean) that :meth:`GraphPrior.fit_mix` tries.
+MIX_GRAPH = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: The label term's weights (times the learned gain g) that :meth:`GraphPrior.fit_mix` tries.
+MIX_LABEL = (0.25, 0.5, 0.75, 1.0, 1.25)
+
 
 @dataclass(frozen=True)
 class GraphPriorConfig:
@@ -69,6 +75,9 @@ class GraphPriorConfig:
             needs the labels (``stages.train --relations``).
         descriptions: with ``text``, the label sentence reads the relation's description too
             (:func:`~model.prior.labels.label_sentence`), where one is known.
+        mix: ``fixed``: h_r as trained; ``heldout``: at evaluation the graph term's deviation
+            from its mean and the label term are weighted by two numbers chosen on the split's
+            validation relations (:meth:`GraphPrior.fit_mix`).
     """
 
     kind: Literal["gcn", "mlp"] = field(doc="gcn (paper Eq. 6) or mlp: the same network on a "
@@ -86,6 +95,11 @@ class GraphPriorConfig:
     descriptions: bool = field(doc="with text: the label sentence also reads the relation's "
                                    "description where one is known (Wikidata's, or one a user "
                                    "gives); false: names only")
+    mix: Literal["fixed", "heldout"] = field(
+        doc="fixed: h_r as trained; heldout: for the relations it did not train on, the prior "
+            "weights the graph term's deviation from its mean and the label term by two numbers "
+            "chosen at every validation on the split's validation relations (weights 0 and 1: "
+            "the label encoding alone, as proto_label)")
 
 
 class GraphPrior(nn.Module):
@@ -128,6 +142,9 @@ class GraphPrior(nn.Module):
                 self.descriptions or [None] * len(self.relations),
                 self.labels or [None] * len(self.relations), strict=True)]
             self.register_buffer("described", torch.tensor(said, dtype=torch.bool))
+        if config.mix == "heldout":
+            # (graph weight, label weight) used outside training; (1, 1) is h_r as trained.
+            self.register_buffer("mix", torch.ones(2))
         # Relations outside the graph named at prediction time (:meth:`add_names`): rows
         # R, R+1, ... whose prior is the fallback plus their name's label term. Not saved.
         self.named: list[str] = []
@@ -289,9 +306,21 @@ class GraphPrior(nn.Module):
             rows: (...,), text: (..., D) or None -> (..., D)
         """
         if text is None:
-            return self.text_gain * self.text[rows]
+            return self._label_gain() * self.text[rows]
         fresh = torch.nan_to_num(text - self.text_mean, nan=0.0)
-        return self.text_gain * fresh
+        return self._label_gain() * fresh
+
+    def _mixing(self) -> bool:
+        """Whether the held-out mixing weights apply (``mix: heldout``, outside training)."""
+        return self.config.mix == "heldout" and not self.training
+
+    def _label_gain(self) -> torch.Tensor:
+        """g, times the held-out label weight when :meth:`_mixing`."""
+        return self.text_gain * self.mix[1] if self._mixing() else self.text_gain
+
+    def _mixed(self, x: torch.Tensor, centre: torch.Tensor) -> torch.Tensor:
+        """The graph term ``x`` pulled towards ``centre`` by the held-out graph weight."""
+        return centre + self.mix[0] * (x - centre) if self._mixing() else x
 
     def _graph_states(self, rows: torch.Tensor | None) -> torch.Tensor:
         """The GCN term ``F(G) * scale`` for graph ``rows`` (None: every relation).
@@ -301,7 +330,7 @@ class GraphPrior(nn.Module):
         Shapes:
             rows: (...,) or None -> (..., D) or (R, D)
         """
-        if len(self.convs) == 1:
+        if len(self.convs) == 1 and not self._mixing():
             x = self._first_layer(None if rows is None else rows.reshape(-1))
             x = x if rows is None else x.reshape(*rows.shape, -1)
             return x * self.scale
@@ -309,6 +338,7 @@ class GraphPrior(nn.Module):
         for conv in self.convs[1:]:
             x = conv(torch.relu(x), self.edge_index, self.edge_weight)
         x = x * self.scale  # (R, D)
+        x = self._mixed(x, x.mean(0))
         return x if rows is None else x[rows]
 
     def node_states(self) -> torch.Tensor:
@@ -319,14 +349,48 @@ class GraphPrior(nn.Module):
         """
         x = self._graph_states(None)
         if self.config.text:
-            x = x + self.text_gain * self.text
+            x = x + self._label_gain() * self.text
         if self.named:
             x = torch.cat([x, self._named_states()])  # (R + M, D)
         return x
 
     def _named_states(self) -> torch.Tensor:
         """Prior means of the relations named by :meth:`add_names`: (M, D)."""
-        return self.fallback + self.text_gain * self.named_text
+        return self.fallback + self._label_gain() * self.named_text
+
+    @torch.no_grad()
+    def fit_mix(self, groups: list[torch.Tensor], rows: torch.Tensor, temperature: float
+                ) -> tuple[float, float] | None:
+        """Choose the held-out mixing weights (``mix: heldout``; else None) on validation
+        relations and return them.
+
+        The weights (graph, label) are taken from :data:`MIX_GRAPH` x :data:`MIX_LABEL` by the
+        mean log-probability of every validation sentence under the prior means alone, scored
+        against all validation relations as ``softmax(-|x - h_r|^2 / (2 T))``: the zero-shot
+        rule on relations the model did not train on. (1, 1), h_r as trained, is on the grid,
+        so the choice never reads worse on them; (0, 1) is the label encoding alone.
+
+        Shapes:
+            groups: one (n_r, D) tensor per relation, rows: (R_val,) graph rows (-1: none)
+        """
+        if self.config.mix != "heldout":
+            return None
+        was = self.training
+        self.eval()
+        x = torch.cat(groups)  # (n, D)
+        label = torch.cat([torch.full((len(g),), i, device=x.device)
+                           for i, g in enumerate(groups)])
+        best = None
+        for weights in itertools.product(MIX_GRAPH, MIX_LABEL):
+            self.mix.copy_(torch.tensor(weights))
+            h = self.forward(rows)  # (R_val, D)
+            logp = torch.log_softmax(-torch.cdist(x, h.to(x.dtype)) ** 2 / (2 * temperature), -1)
+            score = float(logp[torch.arange(len(x), device=x.device), label].mean())
+            if best is None or score > best[0]:
+                best = (score, weights)
+        self.mix.copy_(torch.tensor(best[1]))
+        self.train(was)
+        return best[1]
 
     def forward(self, rows: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
         """Prior means for graph rows (-1 = fallback).
