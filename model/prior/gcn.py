@@ -65,7 +65,9 @@ class GraphPriorConfig:
 
     Attributes:
         kind: ``gcn`` (paper Eq. 6) or ``mlp``: the same network on a graph without edges, i.e.
-            a feed-forward network over each relation's own embedding (the paper's ablation).
+            a feed-forward network over each relation's own embedding (the paper's ablation);
+            ``none``: no graph at all, the graph term is one learned vector (with ``text``, the
+            label-only prior).
         layers: GCN layers (paper: 1; "more layers, only very marginal improvement").
         hidden: width of hidden GCN layers (only used when layers > 1).
         normalize_features: scale node features to unit norm first (TransE norms vary).
@@ -80,9 +82,10 @@ class GraphPriorConfig:
             validation relations (:meth:`GraphPrior.fit_mix`).
     """
 
-    kind: Literal["gcn", "mlp"] = field(doc="gcn (paper Eq. 6) or mlp: the same network on a "
-                                            "graph without edges, a feed-forward network over "
-                                            "each relation's own embedding (the paper's ablation)")
+    kind: Literal["gcn", "mlp", "none"] = field(
+        doc="gcn (paper Eq. 6); mlp: the same network on a graph without edges, a feed-forward "
+            "network over each relation's own embedding (the paper's ablation); none: no graph, "
+            "the graph term is one learned vector (with text: the label-only prior)")
     layers: int = field(ge=1, le=16, doc="GCN layers (paper: 1)")
     hidden: int = field(ge=1, le=8192,
                         doc="width of the hidden GCN layers (used when layers > 1)")
@@ -117,8 +120,10 @@ class GraphPrior(nn.Module):
         # raw features are not saved: only A_hat X below is ever used).
         self.register_buffer("features", feats.clone(), persistent=False)
         edges, weights = graph.edge_index.clone(), graph.edge_weight.clone().clamp(min=0.0)
-        if config.kind == "mlp":  # no neighbours: A_hat = I, each relation on its own
+        if config.kind in ("mlp", "none"):  # no neighbours: A_hat = I, each relation on its own
             edges, weights = edges[:, :0], weights[:0]
+        if config.kind == "none":  # no features either: the first layer is its bias alone
+            feats = torch.zeros_like(feats)
         self.register_buffer("edge_index", edges)
         self.register_buffer("edge_weight", weights)
         # The first GCN layer is A_hat (X W) = (A_hat X) W and X is fixed, so A_hat X is

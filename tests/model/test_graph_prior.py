@@ -256,3 +256,13 @@ def test_fit_mix_picks_the_weights_that_read_held_out_sentences_best():
     plain = GraphPrior(_config(text=True), _labelled_graph({"P1": "a"}), out_dim=3)
     assert plain.fit_mix(groups, rows, 1.0) is None  # mix: fixed chooses nothing
     assert "mix" not in plain.state_dict()
+
+
+def test_kind_none_reads_no_graph_only_the_label():
+    g = _labelled_graph({"P1": "a", "P2": "b", "P3": "b c"})
+    prior = GraphPrior(_config(kind="none", text=True), g, out_dim=3)
+    prior.start_at(torch.tensor([1.0, 2.0, 3.0]))
+    prior.set_text([0, 1, 2], torch.eye(3))
+    idx = torch.tensor([0, 1, 2, 3])
+    expect = torch.tensor([1.0, 2.0, 3.0]) + prior.text_gain * prior.text[idx]
+    assert torch.allclose(prior(idx), expect, atol=1e-6)  # b + g (e_r - mean), no graph
