@@ -77,6 +77,8 @@ class GraphPriorConfig:
             needs the labels (``stages.train --relations``).
         descriptions: with ``text``, the label sentence reads the relation's description too
             (:func:`~model.prior.labels.label_sentence`), where one is known.
+        zero_shot_mean: zero-shot training episodes score queries against h_r itself rather
+            than against samples of the prior (REGRAB).
         mix: ``fixed``: h_r as trained; ``heldout``: at evaluation the graph term's deviation
             from its mean and the label term are weighted by two numbers chosen on the split's
             validation relations (:meth:`GraphPrior.fit_mix`).
@@ -98,6 +100,10 @@ class GraphPriorConfig:
     descriptions: bool = field(doc="with text: the label sentence also reads the relation's "
                                    "description where one is known (Wikidata's, or one a user "
                                    "gives); false: names only")
+    zero_shot_mean: bool = field(
+        doc="zero-shot training episodes score their queries against h_r itself (the prior "
+            "mean, as the zero-shot rule does at evaluation); false: against samples of "
+            "N(h_r, I / lambda), whose noise swamps h_r while lambda is small")
     mix: Literal["fixed", "heldout"] = field(
         doc="fixed: h_r as trained; heldout: for the relations it did not train on, the prior "
             "weights the graph term's deviation from its mean and the label term by two numbers "

@@ -14,7 +14,8 @@ from pipeline.schemas import FEWSHOT_SCHEMA, GRAPH_SCHEMA, RELATIONS_SCHEMA
 def _config(layers=1, hidden=5, kind="gcn", text=False, descriptions=False, mix="fixed"):
     """A full GraphPriorConfig (the dataclass has no defaults)."""
     return GraphPriorConfig(kind=kind, layers=layers, hidden=hidden, normalize_features=True,
-                            scale=1.0, text=text, descriptions=descriptions, mix=mix)
+                            scale=1.0, text=text, descriptions=descriptions, mix=mix,
+                            zero_shot_mean=False)
 
 
 def _graph(dim=6):
