@@ -142,4 +142,5 @@ def test_checkpoints_written_before_keep_their_behaviour():
 
 
 def test_checkpoints_written_before_the_heldout_mix_keep_their_prior():
-    assert upgrade({"prior": {"text": True}})["prior"]["mix"] == "fixed"
+    old = upgrade({"prior": {"text": True}})["prior"]
+    assert old["mix"] == "fixed" and old["zero_shot_mean"] is False
