@@ -31,7 +31,6 @@ Shapes:
 
 from __future__ import annotations
 
-import itertools
 import logging
 from dataclasses import dataclass
 from typing import Literal
@@ -53,10 +52,6 @@ from pipeline.schemas import FEWSHOT_SCHEMA
 
 log = logging.getLogger(__name__)
 
-#: The graph term's weights (its deviation from its mean) that :meth:`GraphPrior.fit_mix` tries.
-MIX_GRAPH = (0.0, 0.25, 0.5, 0.75, 1.0)
-#: The label term's weights (times the learned gain g) that :meth:`GraphPrior.fit_mix` tries.
-MIX_LABEL = (0.25, 0.5, 0.75, 1.0, 1.25)
 
 
 @dataclass(frozen=True)
@@ -81,7 +76,7 @@ class GraphPriorConfig:
             than against samples of the prior (REGRAB).
         mix: ``fixed``: h_r as trained; ``heldout``: at evaluation the graph term's deviation
             from its mean and the label term are weighted by two numbers chosen on the split's
-            validation relations (:meth:`GraphPrior.fit_mix`).
+            validation relations (:func:`model.prior.mix.fit_mix`).
     """
 
     kind: Literal["gcn", "mlp", "none"] = field(
@@ -368,40 +363,6 @@ class GraphPrior(nn.Module):
     def _named_states(self) -> torch.Tensor:
         """Prior means of the relations named by :meth:`add_names`: (M, D)."""
         return self.fallback + self._label_gain() * self.named_text
-
-    @torch.no_grad()
-    def fit_mix(self, groups: list[torch.Tensor], rows: torch.Tensor, temperature: float
-                ) -> tuple[float, float] | None:
-        """Choose the held-out mixing weights (``mix: heldout``; else None) on validation
-        relations and return them.
-
-        The weights (graph, label) are taken from :data:`MIX_GRAPH` x :data:`MIX_LABEL` by the
-        mean log-probability of every validation sentence under the prior means alone, scored
-        against all validation relations as ``softmax(-|x - h_r|^2 / (2 T))``: the zero-shot
-        rule on relations the model did not train on. (1, 1), h_r as trained, is on the grid,
-        so the choice never reads worse on them; (0, 1) is the label encoding alone.
-
-        Shapes:
-            groups: one (n_r, D) tensor per relation, rows: (R_val,) graph rows (-1: none)
-        """
-        if self.config.mix != "heldout":
-            return None
-        was = self.training
-        self.eval()
-        x = torch.cat(groups)  # (n, D)
-        label = torch.cat([torch.full((len(g),), i, device=x.device)
-                           for i, g in enumerate(groups)])
-        best = None
-        for weights in itertools.product(MIX_GRAPH, MIX_LABEL):
-            self.mix.copy_(torch.tensor(weights))
-            h = self.forward(rows)  # (R_val, D)
-            logp = torch.log_softmax(-torch.cdist(x, h.to(x.dtype)) ** 2 / (2 * temperature), -1)
-            score = float(logp[torch.arange(len(x), device=x.device), label].mean())
-            if best is None or score > best[0]:
-                best = (score, weights)
-        self.mix.copy_(torch.tensor(best[1]))
-        self.train(was)
-        return best[1]
 
     def forward(self, rows: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
         """Prior means for graph rows (-1 = fallback).

@@ -39,6 +39,7 @@ from model.methods import registry
 from model.methods.base import FewShotModel
 from model.prior.graph import RelationGraph
 from model.prior.labels import LabelText
+from model.prior.mix import fit_mix
 from model.training import val_scores, wrong_priors
 from model.training.config import TrainConfig
 from model.training.state import Run, save_state
@@ -256,7 +257,8 @@ def validate(run: Run) -> float:
     rows = model.rows(run.val_s.relations)
     groups = [enc[torch.from_numpy(m).to(enc.device)] for m in run.val_s.members]
     if model.prior is not None:
-        mix = model.prior.fit_mix(groups, rows.to(enc.device), model.config.langevin.temperature)
+        mix = fit_mix(model.prior, groups, rows.to(enc.device),
+                      model.config.langevin.temperature)
         if mix is not None:
             log.info("%s: heldout prior weights graph %.2f, label %.2f", run.name, *mix)
     h = model.head.prior_means(model.head.prior_states(), rows.to(enc.device))

@@ -7,6 +7,7 @@ import torch
 from model.prior.gcn import GraphPrior, GraphPriorConfig
 from model.prior.graph import RelationGraph
 from model.prior.labels import label_sentence, relation_name
+from model.prior.mix import fit_mix
 from pipeline.errors import PipelineError
 from pipeline.schemas import FEWSHOT_SCHEMA, GRAPH_SCHEMA, RELATIONS_SCHEMA
 
@@ -251,11 +252,11 @@ def test_fit_mix_picks_the_weights_that_read_held_out_sentences_best():
         label_only = prior(rows)
     groups = [label_only[i] + 0.05 * torch.randn(6, 3) for i in range(3)]
     prior.train()
-    weights = prior.fit_mix(groups, rows, temperature=1.0)
+    weights = fit_mix(prior, groups, rows, temperature=1.0)
     assert weights[0] == 0.0  # the graph term is dropped
     assert prior.training  # the mode it was called in is restored
     plain = GraphPrior(_config(text=True), _labelled_graph({"P1": "a"}), out_dim=3)
-    assert plain.fit_mix(groups, rows, 1.0) is None  # mix: fixed chooses nothing
+    assert fit_mix(plain, groups, rows, 1.0) is None  # mix: fixed chooses nothing
     assert "mix" not in plain.state_dict()
 
 
