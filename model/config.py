@@ -202,6 +202,12 @@ def upgrade(d: Any) -> Any:
     if isinstance(d.get("prior"), dict) and "descriptions" not in d["prior"]:
         # Written before model.prior.descriptions existed: the prior read names only.
         d["prior"] = {**d["prior"], "descriptions": False}
+    if isinstance(d.get("prior"), dict) and "zero_shot_mean" not in d["prior"]:
+        # Written before model.prior.zero_shot_mean existed: zero-shot training sampled.
+        d["prior"] = {**d["prior"], "zero_shot_mean": False}
+    if isinstance(d.get("prior"), dict) and "mix" not in d["prior"]:
+        # Written before model.prior.mix existed: h_r as trained.
+        d["prior"] = {**d["prior"], "mix": "fixed"}
     if isinstance(d.get("langevin"), dict) and "eval_samples" not in d["langevin"]:
         # Written before model.langevin.eval_samples existed: evaluation drew ``samples``.
         d["langevin"] = {**d["langevin"], "eval_samples": 0}

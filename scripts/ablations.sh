@@ -3,12 +3,20 @@
 # evaluated on the same episodes as the main run. Writes OUT_DIR/<variant>/. GPU preset by default;
 # PRESET=none runs them on the CPU default.
 #   ENCODER=.enc/minilm OUT_DIR=/tmp/abl bash scripts/ablations.sh [variant ...]
+# The prior's rows (graph + label is the default; no prior is regrab_no_prior in the main run)
+# also run as DVC experiments on both benchmarks, e.g.
+#   dvc exp run -n label-only -S model.prior.kind=none -S 'train.methods=[regrab]' \
+#     -S 'evaluate.methods=[regrab]' -S 'comparison.methods=[]'
+#   dvc exp run -n graph-only -S model.prior.text=false (same -S for the methods)
 set -euo pipefail
 OUT_DIR=${OUT_DIR:-/tmp/ablations}
 declare -A VARIANT=(
+  [label_only]="model: {prior: {kind: none}}"
   [mlp_prior]="model: {prior: {kind: mlp}}"
   [graph_only]="model: {prior: {text: false}}"
   [mlp_graph_only]="model: {prior: {kind: mlp, text: false}}"
+  [mix_fixed]="model: {prior: {mix: fixed}}"
+  [wrong_priors]="train: {methods: [regrab], wrong_prior_rate: 0.25}"
   [official_graph]=""
   [no_noise]="model: {langevin: {noise_train: false, noise_eval: false}}"
   [dot]="model: {langevin: {similarity: dot}}"
@@ -25,11 +33,11 @@ declare -A VARIANT=(
     init_prior_weight: 1.0, init_mean_weight: 1.0}}"
 )
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(graph_only mlp_prior official_graph no_noise dot steps_0)
+[ ${#names[@]} -gt 0 ] || names=(label_only graph_only mlp_prior mix_fixed official_graph no_noise)
 for name in "${names[@]}"; do
   dir="$OUT_DIR/$name"; mkdir -p "$dir"
   {
-    echo "train: {methods: [regrab]}"
+    case "${VARIANT[$name]}" in train:*) ;; *) echo "train: {methods: [regrab]}" ;; esac
     echo "evaluate: {methods: [regrab], floor: false, nota_rates: []}"
     [ -n "${VARIANT[$name]}" ] && echo "${VARIANT[$name]}"
   } > "$dir/variant.yaml"

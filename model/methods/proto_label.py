@@ -26,6 +26,7 @@ Shapes:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -49,7 +50,8 @@ class LabelPrior(GraphPrior):
         if not config.text:
             raise PipelineError("method proto_label reads relation labels; set "
                                 "model.prior.text: true and pass --relations")
-        super().__init__(config, graph, out_dim)
+        # The learned label weight w is this method's trust in the label: no held-out mix.
+        super().__init__(dataclasses.replace(config, mix="fixed"), graph, out_dim)
         self.convs = nn.ModuleList()  # no graph network
         self.base = nn.Parameter(torch.zeros(out_dim))
 
@@ -64,7 +66,7 @@ class LabelPrior(GraphPrior):
 
     def _named_states(self) -> torch.Tensor:
         """Label means of the relations named by :meth:`add_names`: (M, D)."""
-        return self.base + self.text_gain * self.named_text
+        return self.base + self._label_gain() * self.named_text
 
     def prior_kind(self, relation: str) -> str:
         """``label`` for a relation with a label (in the graph's list or named), else

@@ -26,6 +26,7 @@ from torch import nn
 from model.methods.base import mc_log_predictive
 from model.methods.registry import Method
 from model.posterior.langevin import LangevinConfig, LangevinSampler
+from model.posterior.logits import prototype_logits
 from model.posterior.target import heldout_scales, log_evidence
 from model.prior.gcn import GraphPrior
 from model.prior.graph import RelationGraph
@@ -96,6 +97,11 @@ class RegrabHead(nn.Module):
             raise PipelineError(
                 "zero-shot needs the graph prior; this method has none (use regrab)"
             )
+        if support.shape[2] == 0 and self.training and self.prior.config.zero_shot_mean:
+            # The zero-shot rule itself, v = h: samples of N(h, I / lambda) would bury h
+            # under noise of norm sqrt(D / lambda) (lambda starts at 1).
+            return prototype_logits(query, h[:, None], self.config.similarity,
+                                    self.config.temperature)
         return self.sampler.sample_logits(support, query, h, generator)
 
     def evidence(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:

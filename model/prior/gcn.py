@@ -53,13 +53,16 @@ from pipeline.schemas import FEWSHOT_SCHEMA
 log = logging.getLogger(__name__)
 
 
+
 @dataclass(frozen=True)
 class GraphPriorConfig:
     """GCN prior settings (``params.yaml`` section ``model.prior``).
 
     Attributes:
         kind: ``gcn`` (paper Eq. 6) or ``mlp``: the same network on a graph without edges, i.e.
-            a feed-forward network over each relation's own embedding (the paper's ablation).
+            a feed-forward network over each relation's own embedding (the paper's ablation);
+            ``none``: no graph at all, the graph term is one learned vector (with ``text``, the
+            label-only prior).
         layers: GCN layers (paper: 1; "more layers, only very marginal improvement").
         hidden: width of hidden GCN layers (only used when layers > 1).
         normalize_features: scale node features to unit norm first (TransE norms vary).
@@ -69,11 +72,17 @@ class GraphPriorConfig:
             needs the labels (``stages.train --relations``).
         descriptions: with ``text``, the label sentence reads the relation's description too
             (:func:`~model.prior.labels.label_sentence`), where one is known.
+        zero_shot_mean: zero-shot training episodes score queries against h_r itself rather
+            than against samples of the prior (REGRAB).
+        mix: ``fixed``: h_r as trained; ``heldout``: at evaluation the graph term's deviation
+            from its mean and the label term are weighted by two numbers chosen on the split's
+            validation relations (:func:`model.prior.mix.fit_mix`).
     """
 
-    kind: Literal["gcn", "mlp"] = field(doc="gcn (paper Eq. 6) or mlp: the same network on a "
-                                            "graph without edges, a feed-forward network over "
-                                            "each relation's own embedding (the paper's ablation)")
+    kind: Literal["gcn", "mlp", "none"] = field(
+        doc="gcn (paper Eq. 6); mlp: the same network on a graph without edges, a feed-forward "
+            "network over each relation's own embedding (the paper's ablation); none: no graph, "
+            "the graph term is one learned vector (with text: the label-only prior)")
     layers: int = field(ge=1, le=16, doc="GCN layers (paper: 1)")
     hidden: int = field(ge=1, le=8192,
                         doc="width of the hidden GCN layers (used when layers > 1)")
@@ -86,6 +95,15 @@ class GraphPriorConfig:
     descriptions: bool = field(doc="with text: the label sentence also reads the relation's "
                                    "description where one is known (Wikidata's, or one a user "
                                    "gives); false: names only")
+    zero_shot_mean: bool = field(
+        doc="zero-shot training episodes score their queries against h_r itself (the prior "
+            "mean, as the zero-shot rule does at evaluation); false: against samples of "
+            "N(h_r, I / lambda), whose noise swamps h_r while lambda is small")
+    mix: Literal["fixed", "heldout"] = field(
+        doc="fixed: h_r as trained; heldout: for the relations it did not train on, the prior "
+            "weights the graph term's deviation from its mean and the label term by two numbers "
+            "chosen at every validation on the split's validation relations (weights 0 and 1: "
+            "the label encoding alone, as proto_label)")
 
 
 class GraphPrior(nn.Module):
@@ -103,8 +121,10 @@ class GraphPrior(nn.Module):
         # raw features are not saved: only A_hat X below is ever used).
         self.register_buffer("features", feats.clone(), persistent=False)
         edges, weights = graph.edge_index.clone(), graph.edge_weight.clone().clamp(min=0.0)
-        if config.kind == "mlp":  # no neighbours: A_hat = I, each relation on its own
+        if config.kind in ("mlp", "none"):  # no neighbours: A_hat = I, each relation on its own
             edges, weights = edges[:, :0], weights[:0]
+        if config.kind == "none":  # no features either: the first layer is its bias alone
+            feats = torch.zeros_like(feats)
         self.register_buffer("edge_index", edges)
         self.register_buffer("edge_weight", weights)
         # The first GCN layer is A_hat (X W) = (A_hat X) W and X is fixed, so A_hat X is
@@ -128,6 +148,9 @@ class GraphPrior(nn.Module):
                 self.descriptions or [None] * len(self.relations),
                 self.labels or [None] * len(self.relations), strict=True)]
             self.register_buffer("described", torch.tensor(said, dtype=torch.bool))
+        if config.mix == "heldout":
+            # (graph weight, label weight) used outside training; (1, 1) is h_r as trained.
+            self.register_buffer("mix", torch.ones(2))
         # Relations outside the graph named at prediction time (:meth:`add_names`): rows
         # R, R+1, ... whose prior is the fallback plus their name's label term. Not saved.
         self.named: list[str] = []
@@ -289,9 +312,21 @@ class GraphPrior(nn.Module):
             rows: (...,), text: (..., D) or None -> (..., D)
         """
         if text is None:
-            return self.text_gain * self.text[rows]
+            return self._label_gain() * self.text[rows]
         fresh = torch.nan_to_num(text - self.text_mean, nan=0.0)
-        return self.text_gain * fresh
+        return self._label_gain() * fresh
+
+    def _mixing(self) -> bool:
+        """Whether the held-out mixing weights apply (``mix: heldout``, outside training)."""
+        return self.config.mix == "heldout" and not self.training
+
+    def _label_gain(self) -> torch.Tensor:
+        """g, times the held-out label weight when :meth:`_mixing`."""
+        return self.text_gain * self.mix[1] if self._mixing() else self.text_gain
+
+    def _mixed(self, x: torch.Tensor, centre: torch.Tensor) -> torch.Tensor:
+        """The graph term ``x`` pulled towards ``centre`` by the held-out graph weight."""
+        return centre + self.mix[0] * (x - centre) if self._mixing() else x
 
     def _graph_states(self, rows: torch.Tensor | None) -> torch.Tensor:
         """The GCN term ``F(G) * scale`` for graph ``rows`` (None: every relation).
@@ -301,7 +336,7 @@ class GraphPrior(nn.Module):
         Shapes:
             rows: (...,) or None -> (..., D) or (R, D)
         """
-        if len(self.convs) == 1:
+        if len(self.convs) == 1 and not self._mixing():
             x = self._first_layer(None if rows is None else rows.reshape(-1))
             x = x if rows is None else x.reshape(*rows.shape, -1)
             return x * self.scale
@@ -309,6 +344,7 @@ class GraphPrior(nn.Module):
         for conv in self.convs[1:]:
             x = conv(torch.relu(x), self.edge_index, self.edge_weight)
         x = x * self.scale  # (R, D)
+        x = self._mixed(x, x.mean(0))
         return x if rows is None else x[rows]
 
     def node_states(self) -> torch.Tensor:
@@ -319,14 +355,14 @@ class GraphPrior(nn.Module):
         """
         x = self._graph_states(None)
         if self.config.text:
-            x = x + self.text_gain * self.text
+            x = x + self._label_gain() * self.text
         if self.named:
             x = torch.cat([x, self._named_states()])  # (R + M, D)
         return x
 
     def _named_states(self) -> torch.Tensor:
         """Prior means of the relations named by :meth:`add_names`: (M, D)."""
-        return self.fallback + self.text_gain * self.named_text
+        return self.fallback + self._label_gain() * self.named_text
 
     def forward(self, rows: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
         """Prior means for graph rows (-1 = fallback).

@@ -49,6 +49,8 @@ class TrainConfig:
         ways: N drawn uniformly per step (values above the training relations are dropped).
         shots: K drawn uniformly per step (one model covers every K).
         zero_shot_rate: probability of a K=0 episode for regrab (trains the prior directly).
+        wrong_prior_rate: probability that an episode with shots has its ways' priors
+            corrupted (:mod:`model.training.wrong_priors`), for methods with a prior.
         queries: Q/N queries per way.
         lr_encoder: AdamW learning rate of the trained encoder layers.
         lr_head: AdamW learning rate of the head (GCN prior, fallback vector).
@@ -97,6 +99,11 @@ class TrainConfig:
                                              "model covers every K)")
     zero_shot_rate: float = field(ge=0, le=1, doc="probability of a K = 0 episode for regrab (it "
                                                   "trains the prior directly)")
+    wrong_prior_rate: float = field(ge=0, le=1, doc="probability that an episode with shots "
+                                                    "reads wrong relations' priors (shuffled "
+                                                    "among its ways, another relation's, or "
+                                                    "none), for methods with a prior; its "
+                                                    "labels stay right")
     queries: int = field(ge=1, doc="queries per way (Q/N) of each training episode")
     lr_encoder: float = field(ge=0, doc="AdamW learning rate of the trained encoder layers")
     lr_head: float = field(ge=0, doc="AdamW learning rate of the head (GCN prior, fallback "

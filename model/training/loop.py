@@ -39,7 +39,8 @@ from model.methods import registry
 from model.methods.base import FewShotModel
 from model.prior.graph import RelationGraph
 from model.prior.labels import LabelText
-from model.training import precision, val_noise, val_scores
+from model.prior.mix import fit_mix
+from model.training import precision, val_noise, val_scores, wrong_priors
 from model.training.config import TrainConfig
 from model.training.state import Run, save_state
 from pipeline.errors import PipelineError
@@ -213,6 +214,10 @@ def train_step(run: Run) -> tuple[float, int, int]:
                      n * k + np.arange(n * sched.queries).reshape(1, n, sched.queries))
     support, query, labels = gather_episodes(enc, local)
     prior_rows = run.train_rows[torch.from_numpy(ep.relation)]  # (1, N)
+    if k > 0 and sched.wrong_prior_rate > 0 and run.model.prior is not None and \
+            run.rng.random() < sched.wrong_prior_rate:
+        kind = wrong_priors.KINDS[int(run.rng.integers(len(wrong_priors.KINDS)))]
+        prior_rows = wrong_priors.corrupt_rows(prior_rows, run.train_rows, kind, run.rng)
     if run.labels is not None:
         with precision.encoder_precision(run.model.encoder, sched.precision):
             text = run.labels.encodings(run.model.encoder, prior_rows)
@@ -243,7 +248,8 @@ def validate(run: Run) -> float:
     """Mean accuracy (%) over ``val_settings`` on fixed episodes of the validation split.
 
     With ``scales: heldout`` REGRAB's lambda and sigma^2 are re-estimated on these relations
-    first, and a prior that reads relation labels re-encodes them, so the model kept as best
+    first (after the prior's mixing weights with ``model.prior.mix: heldout``), and a prior
+    that reads relation labels re-encodes them, so the model kept as best
     carries the prior it was validated with.
     """
     model, sched = run.model, run.sched
@@ -252,8 +258,13 @@ def validate(run: Run) -> float:
         run.labels.refresh(model.encoder)
     enc = encode_all(model.encoder, run.val_tok, run.cache, sched.encode_batch)
     rows = model.rows(run.val_s.relations)
-    h = model.head.prior_means(model.head.prior_states(), rows.to(enc.device))
     groups = [enc[torch.from_numpy(m).to(enc.device)] for m in run.val_s.members]
+    if model.prior is not None:
+        mix = fit_mix(model.prior, groups, rows.to(enc.device),
+                      model.config.langevin.temperature)
+        if mix is not None:
+            log.info("%s: heldout prior weights graph %.2f, label %.2f", run.name, *mix)
+    h = model.head.prior_means(model.head.prior_states(), rows.to(enc.device))
     fitted = model.head.fit_heldout(groups, h) if h is not None else None
     if fitted is not None:
         log.info("%s: heldout lambda %.3g, sigma^2 %.3g", run.name, *fitted)

@@ -220,3 +220,26 @@ def test_every_size_of_a_model_config_has_an_upper_limit():
     assert unbounded == []
     limits = {f.name: f.metadata["limits"] for f in dataclasses.fields(LangevinConfig)}
     assert "le" in limits["samples"] and "le" in limits["eval_samples"]
+
+
+def test_a_regrab_checkpoint_from_before_the_prior_weights_loads_with_its_prior(tmp_path,
+                                                                                encoder):
+    """Written before model.prior.mix and zero_shot_mean: h_r as trained, sampled zero-shot
+    training, and the same prior means after loading."""
+    cfg = model_config("regrab", encoder=encoder,
+                       prior={"text": False, "mix": "fixed", "zero_shot_mean": False})
+    model = build_model(cfg, _graph())
+    save_checkpoint(tmp_path / "m", Checkpoint.of(model, params={}, step=1, done=True))
+    payload = read_payload(tmp_path / "m")
+    old_prior = {k: v for k, v in payload["config"]["prior"].items()
+                 if k not in ("mix", "zero_shot_mean")}  # as written then
+    save_payload(tmp_path / "m", {**payload, "config": {**payload["config"],
+                                                        "prior": old_prior}})
+    loaded, _ = load_model(tmp_path / "m")
+    assert loaded.prior.config.mix == "fixed" and loaded.prior.config.zero_shot_mean is False
+    assert "head.prior.mix" not in loaded.trainable_state()
+    rows = torch.tensor([[0, 1, 3]])
+    model.eval(), loaded.eval()
+    with torch.no_grad():
+        assert torch.allclose(model.head.prior_means(model.head.prior_states(), rows),
+                              loaded.head.prior_means(loaded.head.prior_states(), rows))

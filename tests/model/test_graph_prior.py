@@ -7,14 +7,16 @@ import torch
 from model.prior.gcn import GraphPrior, GraphPriorConfig
 from model.prior.graph import RelationGraph
 from model.prior.labels import label_sentence, relation_name
+from model.prior.mix import fit_mix
 from pipeline.errors import PipelineError
 from pipeline.schemas import FEWSHOT_SCHEMA, GRAPH_SCHEMA, RELATIONS_SCHEMA
 
 
-def _config(layers=1, hidden=5, kind="gcn", text=False, descriptions=False):
+def _config(layers=1, hidden=5, kind="gcn", text=False, descriptions=False, mix="fixed"):
     """A full GraphPriorConfig (the dataclass has no defaults)."""
     return GraphPriorConfig(kind=kind, layers=layers, hidden=hidden, normalize_features=True,
-                            scale=1.0, text=text, descriptions=descriptions)
+                            scale=1.0, text=text, descriptions=descriptions, mix=mix,
+                            zero_shot_mean=False)
 
 
 def _graph(dim=6):
@@ -211,3 +213,58 @@ def test_named_relations_outside_the_graph_get_a_label_prior(tmp_path):
     plain = GraphPrior(_config(), g, out_dim=encoder.out_dim)
     plain.add_names({"w4_w5": "w4 w5"}, encoder)
     assert plain.prior_kind("w4_w5") == "fallback"
+
+
+def _mixed_prior(layers=1):
+    g = _labelled_graph({"P1": "a", "P2": "b", "P3": "b c"})
+    prior = GraphPrior(_config(layers=layers, text=True, mix="heldout"), g, out_dim=3)
+    prior.set_text([0, 1, 2], torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]))
+    return prior
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_heldout_mix_weights_the_graph_deviation_and_the_label_only_outside_training(layers):
+    prior = _mixed_prior(layers)
+    idx = torch.tensor([0, 1, 2, 3])
+    trained = prior(idx).detach()
+    with torch.no_grad():
+        prior.mix.copy_(torch.tensor([0.0, 0.5]))
+    assert torch.allclose(prior(idx), trained)  # training mode: h_r as trained
+    graph_term = (prior.node_states() - prior.text_gain * prior.text).detach()  # (R, D)
+    expect = graph_term.mean(0) + 0.5 * prior.text_gain.detach() * prior.text[idx]
+    prior.eval()
+    with torch.no_grad():
+        assert torch.allclose(prior(idx), expect, atol=1e-6)  # (0, .5): centre + half label
+        assert torch.allclose(prior.node_states(), expect, atol=1e-6)
+        prior.mix.copy_(torch.tensor([1.0, 1.0]))
+        assert torch.allclose(prior(idx), trained, atol=1e-6)  # (1, 1): as trained
+
+
+def test_fit_mix_picks_the_weights_that_read_held_out_sentences_best():
+    torch.manual_seed(0)
+    prior = _mixed_prior()
+    with torch.no_grad():  # a graph term that points the wrong way, a label term that is right
+        prior.convs[0].lin.weight.mul_(20.0)
+    prior.eval()
+    rows = torch.tensor([0, 1, 2])
+    with torch.no_grad():
+        prior.mix.copy_(torch.tensor([0.0, 1.0]))
+        label_only = prior(rows)
+    groups = [label_only[i] + 0.05 * torch.randn(6, 3) for i in range(3)]
+    prior.train()
+    weights = fit_mix(prior, groups, rows, temperature=1.0)
+    assert weights[0] == 0.0  # the graph term is dropped
+    assert prior.training  # the mode it was called in is restored
+    plain = GraphPrior(_config(text=True), _labelled_graph({"P1": "a"}), out_dim=3)
+    assert fit_mix(plain, groups, rows, 1.0) is None  # mix: fixed chooses nothing
+    assert "mix" not in plain.state_dict()
+
+
+def test_kind_none_reads_no_graph_only_the_label():
+    g = _labelled_graph({"P1": "a", "P2": "b", "P3": "b c"})
+    prior = GraphPrior(_config(kind="none", text=True), g, out_dim=3)
+    prior.start_at(torch.tensor([1.0, 2.0, 3.0]))
+    prior.set_text([0, 1, 2], torch.eye(3))
+    idx = torch.tensor([0, 1, 2, 3])
+    expect = torch.tensor([1.0, 2.0, 3.0]) + prior.text_gain * prior.text[idx]
+    assert torch.allclose(prior(idx), expect, atol=1e-6)  # b + g (e_r - mean), no graph

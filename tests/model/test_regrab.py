@@ -173,3 +173,21 @@ def test_checkpoint_roundtrip_without_params(tmp_path):
     torch.save({"format": "old"}, tmp_path / "old.pt")
     with pytest.raises(PipelineError, match="old pickle format.*regrab-models convert"):
         read_payload(tmp_path / "old.pt")
+
+
+@pytest.mark.parametrize("mean", [True, False])
+def test_zero_shot_training_scores_against_the_prior_mean_when_asked(mean):
+    cfg = model_config("regrab", prior={"text": False, "zero_shot_mean": mean})
+    head = build_head(cfg, _graph(), dim=6).train()
+    rows = torch.tensor([[0, 2, 4]])
+    h = head.prior_means(head.prior_states(), rows)
+    query = torch.randn(1, 7, 6)
+    logits = head.sample_logits(torch.zeros(1, 3, 0, 6), query, h,
+                                torch.Generator().manual_seed(0))
+    exact = -torch.cdist(query, h) ** 2 / (2 * cfg.langevin.temperature)
+    if mean:  # one "sample": v = h, the zero-shot rule of evaluation
+        assert logits.shape == (1, 1, 7, 3)
+        assert torch.allclose(logits[:, 0], exact, atol=1e-4)
+    else:  # samples of the prior, lambda = 1: far from the mean's logits
+        assert logits.shape[1] == cfg.langevin.samples
+        assert not torch.allclose(logits[:, 0], exact, atol=1e-2)

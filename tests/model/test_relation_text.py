@@ -139,3 +139,8 @@ def test_checkpoints_written_before_keep_their_behaviour():
     old = upgrade({"prior": {"text": True}, "langevin": {"eval_samples": 0}})
     assert old["prior"]["descriptions"] is False
     assert old["langevin"]["prior_trust"] == "fixed"
+
+
+def test_checkpoints_written_before_the_heldout_mix_keep_their_prior():
+    old = upgrade({"prior": {"text": True}})["prior"]
+    assert old["mix"] == "fixed" and old["zero_shot_mean"] is False

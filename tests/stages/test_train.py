@@ -422,3 +422,56 @@ def test_a_failing_model_fails_the_stage_with_one_line(inputs, tmp_path, monkeyp
     assert (tmp_path / "m/split_0/regrab/model.safetensors").is_file()
     assert not (tmp_path / "m/split_0/regrab/state.safetensors").exists()  # finished
     assert not (tmp_path / "m/summary.json").exists()
+
+
+def test_wrong_prior_episodes_corrupt_the_prior_rows_and_leave_the_labels(inputs, tmp_path,
+                                                                          monkeypatch):
+    """With train.wrong_prior_rate 1 every episode with shots reads other relations' priors
+    (texts included), while its support, queries and query labels stay those of the episode."""
+    from model.methods.regrab import RegrabHead
+    from model.training import loop
+
+    seen = []
+    means, predictive = RegrabHead.prior_means, RegrabHead.log_predictive
+
+    def spy_means(self, states, rows, text=None):
+        if self.training:
+            seen.append({"rows": rows.clone(), "text": None if text is None else text.clone()})
+        return means(self, states, rows, text)
+
+    def spy_predictive(self, support, query, h, generator=None):
+        if self.training:
+            seen[-1]["k"] = support.shape[2]
+        return predictive(self, support, query, h, generator)
+
+    episodes = []
+    sample = loop.EpisodeSampler.sample
+
+    def spy_sample(self, rng, n, k, q, b):
+        ep = sample(self, rng, n, k, q, b)
+        if b == 1:
+            episodes.append(ep)
+        return ep
+
+    monkeypatch.setattr(RegrabHead, "prior_means", spy_means)
+    monkeypatch.setattr(RegrabHead, "log_predictive", spy_predictive)
+    monkeypatch.setattr(loop.EpisodeSampler, "sample", spy_sample)
+    _run(inputs, tmp_path / "w", wrong_prior_rate=1.0, zero_shot_rate=0.0)
+    checkpoint = read_checkpoint(tmp_path / "w/split_0/regrab/model.safetensors")
+    assert checkpoint.params["train"]["wrong_prior_rate"] == 1.0
+    train_rows = {0, 1, 2}  # the toy graph's rows of P1, P2, P3 (the training relations)
+    assert len(episodes) == len(seen) == 4
+    for ep, step in zip(episodes, seen, strict=True):
+        assert step["k"] > 0
+        true_rows = torch.as_tensor(ep.relation)  # sampler index = graph row for P1..P3
+        got = step["rows"].cpu()
+        assert not torch.any(got == true_rows)  # every way reads a wrong prior (or none)
+        assert set(got[got >= 0].tolist()) <= train_rows
+        blank = got < 0
+        if step["text"] is not None:  # blank ways read no text; the others their row's
+            assert torch.isnan(step["text"][blank]).all()
+            assert not torch.isnan(step["text"][~blank]).any()
+        # the support and the queries are the episode's own: sentences of its relations
+        assert ep.support.shape[:2] == ep.query.shape[:2]
+    # The model kept carries the held-out weights chosen on the validation relations.
+    assert checkpoint.state["head.prior.mix"].shape == (2,)
