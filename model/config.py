@@ -213,6 +213,12 @@ def upgrade(d: Any) -> Any:
     if isinstance(d.get("langevin"), dict) and "prior_trust" not in d["langevin"]:
         # Written before model.langevin.prior_trust existed: every way had precision lambda.
         d["langevin"] = {**d["langevin"], "prior_trust": "fixed"}
+    if isinstance(d.get("langevin"), dict) and "predictive" not in d["langevin"]:
+        # Written before model.langevin.predictive existed: the average of the samples.
+        d["langevin"] = {**d["langevin"], "predictive": "samples"}
+    if isinstance(d.get("langevin"), dict) and "normalise_prototypes" not in d["langevin"]:
+        # Written before model.langevin.normalise_prototypes existed: plain support means.
+        d["langevin"] = {**d["langevin"], "normalise_prototypes": False}
     method = d.get("method")
     if isinstance(method, str) and method in OLD_HEAD_SIZES and method not in d:
         # Written before model.heads existed: the head had the code's sizes.

@@ -38,6 +38,7 @@ from model.evaluation.scoring import (
     scores_from_log_probs,
     selective_accuracy,
 )
+from model.evaluation.shots import UnequalSetting, sample_unequal, step_share
 from model.evaluation.uncertainty import (
     POINT_SCORES,
     SCORES,
@@ -133,6 +134,13 @@ class SplitEpisodes:
         for s in self.settings:
             rng = np.random.default_rng([cfg.seed, split_index, self.key(s.name)])
             self.plain[s.name] = self.test.sample(rng, s.ways, s.shots, cfg.queries, cfg.episodes)
+        #: Further test episode sets by name, scored for accuracy and calibration only
+        #: (:meth:`score_extra`): the unequal-shot ones (:mod:`model.evaluation.shots`).
+        self.extra: dict[str, Episodes] = {}
+        for i, name in enumerate(cfg.unequal_settings):
+            self.extra.update(sample_unequal(
+                self.test, UnequalSetting.parse(name), [cfg.seed, split_index, 4000 + i],
+                cfg.queries, cfg.unequal_episodes))
         self.table, self.val = test, None
         #: Descriptions of relations outside a model's graph, read with their names by a prior
         #: with ``descriptions: true`` (a user's relations file; empty: names only).
@@ -203,6 +211,7 @@ class SplitEpisodes:
         out.nota_test = {k: [_first(e, n) for e in v] for k, v in self.nota_test.items()}
         out.nota_val = {k: [_first(e, n) for e in v] for k, v in self.nota_val.items()}
         out.calib = {k: _first(e, n) for k, e in self.calib.items()}
+        out.extra = {k: _first(e, n) for k, e in self.extra.items()}
         return out
 
     def names(self) -> dict[str, str | None]:
@@ -291,7 +300,29 @@ class SplitEpisodes:
                         extra[j].label == OUTSIDE,
                         select_scores(val_all.uncertainty, val_cols, tau, val_log_p),
                         val_eps[j].label == OUTSIDE)}
-        return cells, nota
+        return cells | self.score_extra(head, test_enc, test_rows, bins), nota
+
+    def score_extra(self, head: torch.nn.Module, enc: torch.Tensor, rows: torch.Tensor,
+                    bins: int) -> dict[str, Any]:
+        """Cells of the further episode sets (:attr:`extra`) a head can score: those with a
+        shot per way (a step set's cell also has its per-episode ``share``).
+
+        Args:
+            head: the method's head, in eval mode.
+            enc: encodings of the test sentences.
+            rows: graph rows of the test relations.
+            bins: calibration bins.
+        """
+        cells = {}
+        for i, (name, ep) in enumerate(self.extra.items()):
+            query, label = flat_queries(ep.query)
+            _, scores = score_episodes(
+                head, enc, ep.relation, ep.support, query, label, rows, self.cfg.batch_episodes,
+                _generator(enc.device, self.cfg.seed, self.index, 5000 + i), ep.shots)
+            cells[name] = cell(scores, bins)
+            if ep.shots is not None and name.endswith("_step"):
+                cells[name]["share"] = step_share(scores.prediction, ep.shots)
+        return cells
 
     def _tempered(self, head: torch.nn.Module, enc: torch.Tensor,
                   rows_of: Callable[[list[str]], torch.Tensor], name: str, log_p: np.ndarray,
@@ -314,4 +345,5 @@ class SplitEpisodes:
 def _first(episodes: Any, n: int) -> Any:
     """The first ``n`` episodes of an :class:`Episodes` or :class:`NotaEpisodes`."""
     return dataclasses.replace(episodes, **{f.name: getattr(episodes, f.name)[:n]
-                                            for f in dataclasses.fields(episodes)})
+                                            for f in dataclasses.fields(episodes)
+                                            if getattr(episodes, f.name) is not None})

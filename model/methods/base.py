@@ -12,6 +12,8 @@ A method module imports this module, :class:`~model.methods.registry.Method` and
 * :class:`SampledPrototypeHead`, :func:`gaussian_samples`: prototype samples compared to
   the queries (``versa``, ``bmaml``).
 * :func:`require_shots`, :func:`episode_chunks`: refusing K = 0, scoring in chunks.
+* :func:`head_logits`, :func:`support_mean`, :func:`oversample`: episodes whose ways have
+  unequal shots (a padded support and per-way counts), scored in one call.
 
 Shapes:
     B episodes, S samples, N ways, K shots, Q queries, D encoding size (see :mod:`model`).
@@ -46,9 +48,11 @@ class Head(Protocol):
 
     #: The graph prior (None for methods without one).
     prior: GraphPrior | None
-    #: Whether one way's prototype depends on other ways' support (then unequal K cannot be
-    #: split into groups of equal K at prediction time).
+    #: Whether one way's prototype depends on other ways' support.
     couples_ways: bool
+    #: Whether ``sample_logits`` takes ``shots`` (per-way counts of a padded support); a head
+    #: without it gets unequal shots oversampled to equal ones (:func:`head_logits`).
+    unequal_shots: bool
 
     def prior_states(self) -> torch.Tensor | None:
         """Prior means of every graph relation, computed once per evaluation (or None)."""
@@ -125,6 +129,96 @@ def require_shots(support: torch.Tensor, method: str) -> None:
                             "prior to classify from); use regrab for zero-shot")
 
 
+def unequal(support: torch.Tensor, shots: torch.Tensor | None) -> bool:
+    """Whether ``shots`` says that some way has fewer than the padded K shots.
+
+    Shapes:
+        support: (B, N, K, D), shots: (B, N) or None
+    """
+    return shots is not None and bool((shots != support.shape[2]).any())
+
+
+def shot_mask(support: torch.Tensor, shots: torch.Tensor | None) -> torch.Tensor | None:
+    """1 for a way's real shots, 0 for its padding (None when every way has K).
+
+    Shapes:
+        support: (B, N, K, D), shots: (B, N) or None -> (B, N, K, 1) or None
+    """
+    if not unequal(support, shots):
+        return None
+    k = torch.arange(support.shape[2], device=support.device)
+    return (k < shots[..., None].to(support.device)).to(support.dtype)[..., None]
+
+
+def shot_counts(support: torch.Tensor, shots: torch.Tensor | None) -> torch.Tensor | int:
+    """K, or each way's own count as a float tensor when they differ.
+
+    Shapes:
+        support: (B, N, K, D), shots: (B, N) or None -> int or (B, N, 1)
+    """
+    if not unequal(support, shots):
+        return support.shape[2]
+    return shots.to(device=support.device, dtype=support.dtype)[..., None]
+
+
+def support_sum(support: torch.Tensor, shots: torch.Tensor | None) -> torch.Tensor:
+    """Sum of each way's real shots (padding left out).
+
+    Shapes:
+        support: (B, N, K, D), shots: (B, N) or None -> (B, N, D)
+    """
+    mask = shot_mask(support, shots)
+    return support.sum(2) if mask is None else (support * mask).sum(2)
+
+
+def support_mean(support: torch.Tensor, shots: torch.Tensor | None) -> torch.Tensor:
+    """Mean of each way's real shots; exactly ``support.mean(2)`` when every way has K.
+
+    Shapes:
+        support: (B, N, K, D) with every way's count >= 1, shots: (B, N) or None -> (B, N, D)
+    """
+    if not unequal(support, shots):
+        return support.mean(2)
+    return support_sum(support, shots) / shot_counts(support, shots)
+
+
+def oversample(support: torch.Tensor, shots: torch.Tensor) -> torch.Tensor:
+    """Every way's shots repeated in order up to K (slot j holds shot ``j mod k_r``): random
+    oversampling to equal shots (Ochal et al., 2023) made deterministic, what a user of a
+    method built for equal shots does.
+
+    Shapes:
+        support: (B, N, K, D), shots: (B, N) with every count >= 1 -> (B, N, K, D)
+    """
+    if bool((shots < 1).any()):
+        raise PipelineError("this method needs K >= 1 support sentences for every way when "
+                            "the ways have unequal shots; give every relation a sentence")
+    k = torch.arange(support.shape[2], device=support.device)
+    slot = k % shots[..., None].to(support.device)  # (B, N, K)
+    return support.gather(2, slot[..., None].expand_as(support))
+
+
+def head_logits(head: Head, support: torch.Tensor, query: torch.Tensor,
+                h: torch.Tensor | None, generator: torch.Generator | None = None,
+                shots: torch.Tensor | None = None) -> torch.Tensor:
+    """``head.sample_logits`` of an episode batch whose ways may have unequal shots.
+
+    ``support`` is padded to the largest count K and ``shots`` holds each way's count. When
+    every way has K (or ``shots`` is None) the head is called exactly as for a balanced
+    episode; otherwise a head with ``unequal_shots`` gets the counts, and any other head the
+    support oversampled to K shots per way (:func:`oversample`).
+
+    Shapes:
+        support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) or None, shots: (B, N) or None
+        -> (B, S, Q, N)
+    """
+    if not unequal(support, shots):
+        return head.sample_logits(support, query, h, generator)
+    if getattr(head, "unequal_shots", False):
+        return head.sample_logits(support, query, h, generator, shots=shots)
+    return head.sample_logits(oversample(support, shots), query, h, generator)
+
+
 def episode_chunks(scores: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                    support: torch.Tensor, query: torch.Tensor, episodes: int) -> torch.Tensor:
     """``scores(support, query)`` over chunks of ``episodes`` episodes (at least one), as one
@@ -153,15 +247,16 @@ class PredictiveHead(nn.Module):
         return None
 
     def log_predictive(self, support: torch.Tensor, query: torch.Tensor,
-                       h: torch.Tensor | None = None, generator: torch.Generator | None = None
-                       ) -> torch.Tensor:
+                       h: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                       shots: torch.Tensor | None = None) -> torch.Tensor:
         """``log (1/S) sum_s softmax(logits_s)`` over the samples of :meth:`sample_logits`;
         with one sample (S = 1) the log-softmax of its logits, exactly.
 
         Shapes:
-            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) or None -> (B, Q, N)
+            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) or None,
+            shots: (B, N) or None -> (B, Q, N)
         """
-        return mc_log_predictive(self.sample_logits(support, query, h, generator))
+        return mc_log_predictive(head_logits(self, support, query, h, generator, shots))
 
 
 class PriorFreeHead(PredictiveHead):
@@ -172,6 +267,7 @@ class PriorFreeHead(PredictiveHead):
 
     prior = None
     couples_ways = False
+    unequal_shots = False
 
     def prior_states(self) -> None:
         return None
@@ -180,24 +276,46 @@ class PriorFreeHead(PredictiveHead):
         return None
 
 
-class PrototypeHead(PriorFreeHead):
-    """Prototype = mean support encoding; softmax over ``sim / T``."""
+def normalised(v: torch.Tensor, support: torch.Tensor, shots: torch.Tensor | None
+               ) -> torch.Tensor:
+    """Prototypes rescaled to the mean length of their way's support encodings.
 
-    def __init__(self, similarity: str, temperature: float) -> None:
+    A mean of k encodings is shorter than they are (by the spread it averages away, more so
+    for larger k), so with Euclidean or dot logits it lies closer to every query and a way
+    with more shots draws predictions; at the encodings' own length only its direction
+    counts (normalised, cosine-like prototypes).
+
+    Shapes:
+        v: (B, N, D), support: (B, N, K, D), shots: (B, N) or None -> (B, N, D)
+    """
+    length = support_mean(torch.linalg.vector_norm(support, dim=-1, keepdim=True), shots)
+    return v * (length / torch.linalg.vector_norm(v, dim=-1, keepdim=True).clamp(min=1e-12))
+
+
+class PrototypeHead(PriorFreeHead):
+    """Prototype = mean support encoding (``normalise``: at the encodings' length); softmax
+    over ``sim / T``."""
+
+    unequal_shots = True
+
+    def __init__(self, similarity: str, temperature: float, normalise: bool = False) -> None:
         super().__init__()
         self.similarity = similarity
         self.temperature = temperature
+        self.normalise = normalise
 
     def sample_logits(self, support: torch.Tensor, query: torch.Tensor,
-                      h: torch.Tensor | None = None, generator: torch.Generator | None = None
-                      ) -> torch.Tensor:
+                      h: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                      shots: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of every query against the prototypes, as one "sample" (S = 1).
 
         Shapes:
-            support: (B, N, K, D), query: (B, Q, D) -> (B, 1, Q, N)
+            support: (B, N, K, D), query: (B, Q, D), shots: (B, N) or None -> (B, 1, Q, N)
         """
         require_shots(support, "a prototype baseline")
-        v = support.mean(2)  # (B, N, D)
+        v = support_mean(support, shots)  # (B, N, D)
+        if self.normalise:
+            v = normalised(v, support, shots)
         return similarity_logits(query, v, self.similarity, self.temperature)[:, None]
 
 

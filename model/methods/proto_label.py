@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from model.methods.base import PredictiveHead
+from model.methods.base import PredictiveHead, normalised, shot_counts, support_sum
 from model.methods.registry import Method
 from model.posterior.logits import similarity_logits
 from model.prior.gcn import GraphPrior, GraphPriorConfig
@@ -93,12 +93,15 @@ class ProtoLabelHead(PredictiveHead):
     (:meth:`log_predictive`, with one "sample")."""
 
     couples_ways = False
+    unequal_shots = True
 
-    def __init__(self, prior: LabelPrior, similarity: str, temperature: float) -> None:
+    def __init__(self, prior: LabelPrior, similarity: str, temperature: float,
+                 normalise: bool = False) -> None:
         super().__init__()
         self.prior = prior
         self.similarity = similarity
         self.temperature = temperature
+        self.normalise = normalise
         #: w, the label's weight in shots (clamped at 0 when used).
         self.label_weight = nn.Parameter(torch.tensor(1.0))
 
@@ -118,29 +121,41 @@ class ProtoLabelHead(PredictiveHead):
         h = states[rows.clamp(min=0)]  # (B, N, D)
         return torch.where((rows < 0)[..., None], self.prior.fallback.expand_as(h), h)
 
-    def prototypes(self, support: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """``v = (K m + w h) / (K + w)``; the label mean alone when K = 0.
+    def prototypes(self, support: torch.Tensor, h: torch.Tensor,
+                   shots: torch.Tensor | None = None) -> torch.Tensor:
+        """``v = (k m + w h) / (k + w)`` with each way's own k; the label mean alone when
+        k = 0 (and ``w = 0``).
 
         Shapes:
-            support: (B, N, K, D), h: (B, N, D) -> (B, N, D)
+            support: (B, N, K, D), h: (B, N, D), shots: (B, N) or None -> (B, N, D)
         """
-        k = support.shape[2]
+        k = shot_counts(support, shots)
         w = self.label_weight.clamp(min=0)
-        if k == 0:
+        if isinstance(k, int) and k == 0:
             return h
-        return (support.sum(2) + w * h) / (k + w)
+        v = (support_sum(support, shots) + w * h) / (k + w).clamp(min=1e-12)
+        if not isinstance(k, int):
+            v = torch.where(k > 0, v, h)  # a way with no shots has its label mean alone
+        return v
 
     def sample_logits(self, support: torch.Tensor, query: torch.Tensor,
-                      h: torch.Tensor | None, generator: torch.Generator | None = None
-                      ) -> torch.Tensor:
-        """Logits of every query against the prototypes, as one "sample" (S = 1).
+                      h: torch.Tensor | None, generator: torch.Generator | None = None,
+                      shots: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of every query against the prototypes, as one "sample" (S = 1);
+        ``normalise`` puts each prototype at the length of its way's encodings (its label
+        mean's for a way without shots).
 
         Shapes:
-            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) -> (B, 1, Q, N)
+            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D), shots: (B, N) or None
+            -> (B, 1, Q, N)
         """
         if h is None:
             raise PipelineError("proto_label needs the ways' label means (h)")
-        v = self.prototypes(support, h)  # (B, N, D)
+        v = self.prototypes(support, h, shots)  # (B, N, D)
+        if self.normalise and support.shape[2] > 0:
+            k = shot_counts(support, shots)
+            scaled = normalised(v, support, shots)
+            v = scaled if isinstance(k, int) else torch.where(k > 0, scaled, v)
         return similarity_logits(query, v, self.similarity, self.temperature)[:, None]
 
 
@@ -150,7 +165,7 @@ def _proto_label(config: RegrabConfig, graph: RelationGraph | None, dim: int
         raise PipelineError("method proto_label reads the relation labels listed with the "
                             "graph; pass --graph, --features and --relations")
     return ProtoLabelHead(LabelPrior(config.prior, graph, dim), config.langevin.similarity,
-                          config.langevin.temperature)
+                          config.langevin.temperature, config.langevin.normalise_prototypes)
 
 
 METHODS = (

@@ -57,7 +57,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from model.posterior.logits import gaussian_sample_logits, prototype_logits
+from model.posterior.logits import gaussian_sample_logits, prototype_logits, similarity_logits
 from model.posterior.target import gaussian_posterior, log_posterior_grad, way_precision
 from pipeline.config import field
 
@@ -106,6 +106,18 @@ class LangevinConfig:
             samples for its gradient; the predictive of a scored episode is a Monte Carlo
             average, and more samples estimate the same average with less noise (REGRAB's
             chains and Versa's draws; BMAML's interacting particles stay ``samples``).
+        predictive: how REGRAB scores queries at evaluation and prediction. ``samples``:
+            the average over posterior samples of ``softmax(-|q - v_s|^2 / 2T)``, whose
+            expected logit pays ``D s_r^2 / 2T`` for a way's posterior variance, so a way
+            with fewer shots loses queries to one with more. ``gaussian``: each way's
+            samples are centred on the Gaussian model's posterior predictive, ``(sigma^2/T)
+            log N(q; m_r, (sigma^2 + s_r^2) I)``, which widens the uncertain way's
+            denominator instead (:func:`predictive_shift`); the samples keep their spread,
+            so the uncertainty scores still read it. Euclidean similarity and the
+            ``gaussian`` likelihood with noise only; training is unchanged.
+        normalise_prototypes: the prototype baselines (``proto``, ``mtb``, ``proto_label``)
+            put each prototype at the mean length of its way's encodings, so a mean of more
+            shots (shorter) does not lie closer to every query.
     """
 
     samples: int = field(ge=1, le=10_000,
@@ -148,6 +160,15 @@ class LangevinConfig:
                                   "samples estimate the same predictive average with less "
                                   "noise")
 
+    predictive: Literal["samples", "gaussian"] = field(
+        doc="REGRAB's scores at evaluation and prediction: samples (the average of the "
+            "samples' softmax, a way with fewer shots pays D s^2 / 2T) or gaussian (the "
+            "samples centred on the posterior predictive log N(q; m_r, (sigma^2 + s_r^2) I), "
+            "scaled by sigma^2 / T: fair to ways with unequal shots)")
+    normalise_prototypes: bool = field(
+        doc="proto, mtb and proto_label put each prototype at the mean length of its way's "
+            "encodings (a mean of more shots is shorter, so closer to every query)")
+
     def draws(self, training: bool) -> int:
         """Independent samples per episode: ``samples`` in training, ``eval_samples`` (when
         set) at evaluation."""
@@ -163,16 +184,53 @@ class LangevinConfig:
 
 
 def init_prototypes(
-    support: torch.Tensor, h: torch.Tensor, prior_weight: float, mean_weight: float
+    support: torch.Tensor, h: torch.Tensor, prior_weight: float, mean_weight: float,
+    shots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Starting point ``m_r + a * h_r - b * m`` (appendix A).
+    """Starting point ``m_r + a * h_r - b * m`` (appendix A); with ``shots`` (the padded
+    support's per-way counts) the means read the real shots only, and a way without shots
+    starts at ``h_r``.
 
     Shapes:
-        support: (B, N, K, D), h: (B, N, D) -> (B, N, D)
+        support: (B, N, K, D), h: (B, N, D), shots: (B, N) or None -> (B, N, D)
     """
-    m_r = support.mean(2)  # (B, N, D)
-    m = support.mean((1, 2))[:, None, :]  # (B, 1, D)
+    if shots is None:
+        m_r = support.mean(2)  # (B, N, D)
+        m = support.mean((1, 2))[:, None, :]  # (B, 1, D)
+        return m_r + prior_weight * h - mean_weight * m
+    k = shots.to(device=h.device, dtype=h.dtype)[..., None]  # (B, N, 1)
+    mask = (torch.arange(support.shape[2], device=h.device)
+            < shots[..., None].to(h.device)).to(h.dtype)[..., None]
+    total = (support * mask).sum(2)  # (B, N, D)
+    m_r = torch.where(k > 0, total / k.clamp(min=1), h)
+    m = (total.sum(1) / k.sum(1).clamp(min=1))[:, None, :]  # (B, 1, D)
     return m_r + prior_weight * h - mean_weight * m
+
+
+def predictive_shift(query: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
+                     variance: float, temperature: float) -> torch.Tensor:
+    """What moves each way's expected sample logit to its posterior predictive.
+
+    A sample ``v ~ N(m_r, s_r^2 I)`` scores a query ``-|q - v|^2 / 2T``, whose mean over
+    samples is ``-(|q - m_r|^2 + D s_r^2) / 2T``: the way's uncertainty is a penalty. Under the
+    Gaussian model a query of way r is ``N(m_r, (sigma^2 + s_r^2) I)``; its log density,
+    scaled by ``sigma^2 / T`` (so a way known exactly, s_r = 0, scores ``-|q - m_r|^2 / 2T`` as
+    a point estimate would), is
+
+        g_r(q) = -(sigma^2 / T) (|q - m_r|^2 / (2 (sigma^2 + s_r^2)) + D/2 log(sigma^2 + s_r^2)).
+
+    The shift ``g_r(q) + (|q - m_r|^2 + D s_r^2) / 2T`` added to every sample's logits makes
+    their mean ``g_r(q)`` and keeps their spread.
+
+    Shapes:
+        query: (B, Q, D), mean: (B, N, D), std: (B, N, 1) -> (B, 1, Q, N)
+    """
+    d = query.shape[-1]
+    dist = (-2.0 * similarity_logits(query, mean, "euclidean", 1.0))  # |q - m|^2: (B, Q, N)
+    s2 = std[..., 0].square()[:, None, :]  # (B, 1, N)
+    wide = variance + s2
+    g = -(variance / temperature) * (dist / (2.0 * wide) + 0.5 * d * torch.log(wide))
+    return (g + (dist + d * s2) / (2.0 * temperature))[:, None]
 
 
 def preconditioner(shots: int, likelihood: str, precision: torch.Tensor | float,
@@ -248,19 +306,20 @@ class LangevinSampler(nn.Module):
         self.log_precision.fill_(math.log(precision))
         self.log_variance.fill_(math.log(variance))
 
-    def support_precision(self, support: torch.Tensor, h: torch.Tensor
-                          ) -> torch.Tensor | float:
+    def support_precision(self, support: torch.Tensor, h: torch.Tensor,
+                          shots: torch.Tensor | None = None) -> torch.Tensor | float:
         """lambda, or with ``prior_trust: evidence`` each episode's (:func:`way_precision`).
 
         Shapes:
-            support: (B, N, K, D) with K >= 1, h: (B, N, D) -> scalar or (B, 1, 1)
+            support: (B, N, K, D) with K >= 1, h: (B, N, D), shots: (B, N) or None
+            -> scalar or (B, 1, 1)
         """
         if self.config.prior_trust == "evidence" and self.config.likelihood == "gaussian":
-            return way_precision(support, h, self.precision, self.variance)
+            return way_precision(support, h, self.precision, self.variance, shots)
         return self.precision
 
-    def chain_law(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def chain_law(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor,
+                  shots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and spread of the chain's end state on the ``gaussian`` target.
 
         There the update is ``v <- v - eps/2 (v - mu) + sqrt(eps s^2) z`` (the gradient is
@@ -269,11 +328,12 @@ class LangevinSampler(nn.Module):
         ``s^2 sum_t eps_t prod_(u > t) (1 - eps_u / 2)^2``.
 
         Shapes:
-            v0, h: (B, N, D), support: (B, N, K, D) -> mean (B, N, D), std (B, N, 1)
+            v0, h: (B, N, D), support: (B, N, K, D), shots: (B, N) or None
+            -> mean (B, N, D), std (B, N, 1)
         """
         cfg = self.config
-        mu, s2 = gaussian_posterior(support, h, self.support_precision(support, h),
-                                    self.variance)
+        mu, s2 = gaussian_posterior(support, h, self.support_precision(support, h, shots),
+                                    self.variance, shots)
         c, spread, eps = 1.0, 0.0, cfg.step_size
         for _ in range(cfg.steps):
             a = 1.0 - 0.5 * eps
@@ -282,7 +342,8 @@ class LangevinSampler(nn.Module):
         return mu + c * (v0 - mu), (s2 * spread).sqrt()
 
     def gaussian_chain(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor,
-                       samples: int, draw: Any) -> torch.Tensor:
+                       samples: int, draw: Any, shots: torch.Tensor | None = None
+                       ) -> torch.Tensor:
         """The state after ``steps`` preconditioned SGLD steps on the ``gaussian`` target.
 
         Drawing it once from :meth:`chain_law` gives the chain's end state exactly in law, at
@@ -293,13 +354,13 @@ class LangevinSampler(nn.Module):
         Shapes:
             v0, h: (B, N, D), support: (B, N, K, D) -> (B, S, N, D)
         """
-        mean, std = self.chain_law(v0, support, h)
+        mean, std = self.chain_law(v0, support, h, shots)
         v = mean[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
         if draw is None or not bool((std > 0).any()):
             return v
         return torch.addcmul(v, std[:, None], draw(v.shape))
 
-    def law(self, support: torch.Tensor, h: torch.Tensor
+    def law(self, support: torch.Tensor, h: torch.Tensor, shots: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Mean and spread of every sample when the samples are Gaussian and noisy; else None.
 
@@ -317,11 +378,12 @@ class LangevinSampler(nn.Module):
                 return None
             std = torch.as_tensor((1.0 / self.precision) ** 0.5, dtype=h.dtype, device=h.device)
             return h, std.expand(*h.shape[:2], 1)
-        v0 = init_prototypes(support, h, cfg.init_prior_weight, cfg.init_mean_weight)
-        return self.chain_law(v0, support, h)
+        v0 = init_prototypes(support, h, cfg.init_prior_weight, cfg.init_mean_weight, shots)
+        return self.chain_law(v0, support, h, shots)
 
     def sample_logits(self, support: torch.Tensor, query: torch.Tensor, h: torch.Tensor,
-                      generator: torch.Generator | None = None) -> torch.Tensor:
+                      generator: torch.Generator | None = None,
+                      shots: torch.Tensor | None = None) -> torch.Tensor:
         """Query logits under every sample; each query's have the law of scoring
         :meth:`forward`'s samples.
 
@@ -329,19 +391,27 @@ class LangevinSampler(nn.Module):
         sample is drawn (:func:`gaussian_sample_logits`), at a fraction of the cost of the
         D-dimensional samples. In training (the gradient would run through a QR
         decomposition) and for the other likelihoods, the samples are drawn and scored.
+        With ``predictive: gaussian`` (Euclidean similarity) each way's samples are centred on
+        its posterior predictive (:func:`predictive_shift`).
 
         Shapes:
-            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) -> (B, S, Q, N)
+            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D), shots: (B, N) or None
+            -> (B, S, Q, N)
         """
         cfg = self.config
-        law = None if self.training else self.law(support, h)
+        law = None if self.training else self.law(support, h, shots)
         if law is not None:
             mean, std = law
             logits = gaussian_sample_logits(query, mean, std, cfg.draws(False),
                                             cfg.similarity, cfg.temperature, generator)
-            if logits is not None:
-                return logits
-        v = self(support, h, generator)  # (B, S, N, D)
+            if logits is None:
+                v = self(support, h, generator, shots)  # (B, S, N, D)
+                logits = prototype_logits(query, v, cfg.similarity, cfg.temperature)
+            if cfg.predictive == "gaussian" and cfg.similarity == "euclidean":
+                logits = logits + predictive_shift(query, mean, std, float(self.variance),
+                                                   cfg.temperature)
+            return logits
+        v = self(support, h, generator, shots)  # (B, S, N, D)
         return prototype_logits(query, v, cfg.similarity, cfg.temperature)
 
     def noisy(self) -> bool:
@@ -352,13 +422,15 @@ class LangevinSampler(nn.Module):
         support: torch.Tensor,
         h: torch.Tensor,
         generator: torch.Generator | None = None,
+        shots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the chains; noise follows ``noise_train``/``noise_eval`` and ``self.training``.
 
         Without noise every chain is identical, so one chain is run and S collapses to 1.
+        ``shots`` (per-way counts of a padded support) needs the ``gaussian`` likelihood.
 
         Shapes:
-            support: (B, N, K, D), h: (B, N, D) -> (B, S, N, D)
+            support: (B, N, K, D), h: (B, N, D), shots: (B, N) or None -> (B, S, N, D)
         """
         cfg = self.config
         noisy = self.noisy()
@@ -375,9 +447,12 @@ class LangevinSampler(nn.Module):
             # The posterior is the prior N(h, lambda^-1 I): sample it.
             v = h[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
             return v + draw(v.shape) * (1.0 / lam) ** 0.5
-        v0 = init_prototypes(support, h, cfg.init_prior_weight, cfg.init_mean_weight)
+        v0 = init_prototypes(support, h, cfg.init_prior_weight, cfg.init_mean_weight, shots)
         if cfg.likelihood == "gaussian":
-            return self.gaussian_chain(v0, support, h, samples, draw if noisy else None)
+            return self.gaussian_chain(v0, support, h, samples, draw if noisy else None, shots)
+        if shots is not None:
+            raise ValueError(f"per-way shot counts need the gaussian likelihood, not "
+                             f"{cfg.likelihood}; oversample the support to equal shots")
         v = v0[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
         precond = preconditioner(k, cfg.likelihood, lam, var)
         eps = cfg.step_size
