@@ -216,9 +216,12 @@ def upgrade(d: Any) -> Any:
     if isinstance(d.get("langevin"), dict) and "predictive" not in d["langevin"]:
         # Written before model.langevin.predictive existed: the average of the samples.
         d["langevin"] = {**d["langevin"], "predictive": "samples"}
-    if isinstance(d.get("langevin"), dict) and "normalise_prototypes" not in d["langevin"]:
-        # Written before model.langevin.normalise_prototypes existed: plain support means.
-        d["langevin"] = {**d["langevin"], "normalise_prototypes": False}
+    if isinstance(d.get("langevin"), dict) and "predictive_dims" not in d["langevin"]:
+        # Written before model.langevin.predictive_dims existed (unused with samples).
+        d["langevin"] = {**d["langevin"], "predictive_dims": 1.0}
+    if isinstance(d.get("langevin"), dict) and "prototype_scoring" not in d["langevin"]:
+        # Written before model.langevin.prototype_scoring existed: plain support means.
+        d["langevin"] = {**d["langevin"], "prototype_scoring": "mean"}
     method = d.get("method")
     if isinstance(method, str) and method in OLD_HEAD_SIZES and method not in d:
         # Written before model.heads existed: the head had the code's sizes.

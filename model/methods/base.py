@@ -292,17 +292,66 @@ def normalised(v: torch.Tensor, support: torch.Tensor, shots: torch.Tensor | Non
     return v * (length / torch.linalg.vector_norm(v, dim=-1, keepdim=True).clamp(min=1e-12))
 
 
+def pooled_scatter(support: torch.Tensor, shots: torch.Tensor | None) -> torch.Tensor:
+    """``tr Sigma``, the expected squared distance of an encoding from its relation's mean,
+    estimated from the episode's own support: every way's scatter around its mean, pooled
+    over the ways (``sum |x - m_r|^2 / sum (k_r - 1)``); 0 when no way has two shots.
+
+    Shapes:
+        support: (B, N, K, D), shots: (B, N) or None -> (B, 1, 1)
+    """
+    mask = shot_mask(support, shots)
+    resid = (support - support_mean(support, shots)[:, :, None]).pow(2).sum(-1, keepdim=True)
+    if mask is not None:
+        resid = resid * mask
+    k = shot_counts(support, shots)
+    dof = ((k - 1) * torch.ones(support.shape[:2] + (1,), dtype=support.dtype,
+                                device=support.device)).clamp(min=0).sum((1, 2))  # (B,)
+    total = resid.sum((1, 2, 3))
+    return torch.where(dof > 0, total / dof.clamp(min=1), torch.zeros_like(total)).view(-1, 1, 1)
+
+
+#: How a prototype baseline scores ways with unequal shots (``model.langevin.prototype_scoring``).
+PROTOTYPE_SCORINGS = ("mean", "normalised", "unbiased")
+
+
+def scored_prototypes(query: torch.Tensor, v: torch.Tensor, support: torch.Tensor,
+                      shots: torch.Tensor | None, spread: torch.Tensor | float, scoring: str,
+                      similarity: str, temperature: float) -> torch.Tensor:
+    """``sim(q, v) / T`` of prototypes ``v`` built from ``support``, as ``scoring`` says.
+
+    ``mean``: as they are. ``normalised``: each at the mean length of its way's encodings
+    (:func:`normalised`). ``unbiased`` (Euclidean): the squared distance less the part its
+    prototype's own sampling noise adds, ``E |q - v_r|^2 = |q - mu_r|^2 + tr Sigma * spread_r``
+    (spread 1/k_r for a support mean), with ``tr Sigma`` pooled over the episode's ways
+    (:func:`pooled_scatter`), so a way with more shots is no closer to every query. It moves a
+    query's logits by the same amount when every way has the same shots, so balanced episodes
+    score exactly as ``mean``; with dot similarity the dot product is unbiased already.
+
+    Shapes:
+        query: (B, Q, D), v: (B, N, D), support: (B, N, K, D), shots: (B, N) or None,
+        spread: (B, N, 1) or a number -> (B, Q, N)
+    """
+    if scoring == "normalised":
+        v = normalised(v, support, shots)
+    logits = similarity_logits(query, v, similarity, temperature)
+    if scoring == "unbiased" and similarity == "euclidean":
+        bias = pooled_scatter(support, shots) * spread  # (B, N, 1)
+        logits = logits + 0.5 * bias.transpose(1, 2) / temperature
+    return logits
+
+
 class PrototypeHead(PriorFreeHead):
-    """Prototype = mean support encoding (``normalise``: at the encodings' length); softmax
-    over ``sim / T``."""
+    """Prototype = mean support encoding; softmax over ``sim / T``, ways with unequal shots
+    scored as ``scoring`` says (:func:`scored_prototypes`)."""
 
     unequal_shots = True
 
-    def __init__(self, similarity: str, temperature: float, normalise: bool = False) -> None:
+    def __init__(self, similarity: str, temperature: float, scoring: str = "mean") -> None:
         super().__init__()
         self.similarity = similarity
         self.temperature = temperature
-        self.normalise = normalise
+        self.scoring = scoring
 
     def sample_logits(self, support: torch.Tensor, query: torch.Tensor,
                       h: torch.Tensor | None = None, generator: torch.Generator | None = None,
@@ -314,9 +363,9 @@ class PrototypeHead(PriorFreeHead):
         """
         require_shots(support, "a prototype baseline")
         v = support_mean(support, shots)  # (B, N, D)
-        if self.normalise:
-            v = normalised(v, support, shots)
-        return similarity_logits(query, v, self.similarity, self.temperature)[:, None]
+        spread = 1.0 / shot_counts(support, shots)
+        return scored_prototypes(query, v, support, shots, spread, self.scoring,
+                                 self.similarity, self.temperature)[:, None]
 
 
 def gaussian_samples(mean: torch.Tensor, std: torch.Tensor, samples: int,

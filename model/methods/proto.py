@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def _prototypes(config: RegrabConfig, graph: RelationGraph | None, dim: int
                 ) -> PrototypeHead:
     return PrototypeHead(config.langevin.similarity, config.langevin.temperature,
-                         config.langevin.normalise_prototypes)
+                         config.langevin.prototype_scoring)
 
 
 METHODS = (

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from model.methods.base import PredictiveHead, normalised, shot_counts, support_sum
+from model.methods.base import PredictiveHead, scored_prototypes, shot_counts, support_sum
 from model.methods.registry import Method
 from model.posterior.logits import similarity_logits
 from model.prior.gcn import GraphPrior, GraphPriorConfig
@@ -96,12 +96,12 @@ class ProtoLabelHead(PredictiveHead):
     unequal_shots = True
 
     def __init__(self, prior: LabelPrior, similarity: str, temperature: float,
-                 normalise: bool = False) -> None:
+                 scoring: str = "mean") -> None:
         super().__init__()
         self.prior = prior
         self.similarity = similarity
         self.temperature = temperature
-        self.normalise = normalise
+        self.scoring = scoring
         #: w, the label's weight in shots (clamped at 0 when used).
         self.label_weight = nn.Parameter(torch.tensor(1.0))
 
@@ -141,9 +141,10 @@ class ProtoLabelHead(PredictiveHead):
     def sample_logits(self, support: torch.Tensor, query: torch.Tensor,
                       h: torch.Tensor | None, generator: torch.Generator | None = None,
                       shots: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of every query against the prototypes, as one "sample" (S = 1);
-        ``normalise`` puts each prototype at the length of its way's encodings (its label
-        mean's for a way without shots).
+        """Logits of every query against the prototypes, as one "sample" (S = 1), scored as
+        ``scoring`` says (:func:`~model.methods.base.scored_prototypes`; the sampling noise of
+        ``v`` is ``k / (k + w)^2`` of an encoding's, and a way without shots keeps its label
+        mean as it is).
 
         Shapes:
             support: (B, N, K, D), query: (B, Q, D), h: (B, N, D), shots: (B, N) or None
@@ -152,11 +153,16 @@ class ProtoLabelHead(PredictiveHead):
         if h is None:
             raise PipelineError("proto_label needs the ways' label means (h)")
         v = self.prototypes(support, h, shots)  # (B, N, D)
-        if self.normalise and support.shape[2] > 0:
-            k = shot_counts(support, shots)
-            scaled = normalised(v, support, shots)
-            v = scaled if isinstance(k, int) else torch.where(k > 0, scaled, v)
-        return similarity_logits(query, v, self.similarity, self.temperature)[:, None]
+        if support.shape[2] == 0 or self.scoring == "mean":
+            return similarity_logits(query, v, self.similarity, self.temperature)[:, None]
+        k = shot_counts(support, shots)
+        w = self.label_weight.clamp(min=0)
+        spread = k / (k + w).square().clamp(min=1e-12)
+        if self.scoring == "normalised" and not isinstance(k, int):
+            # a way without shots has no encodings to take a length from: its mean as it is
+            v = torch.where(k > 0, v, h)
+        return scored_prototypes(query, v, support, shots, spread, self.scoring,
+                                 self.similarity, self.temperature)[:, None]
 
 
 def _proto_label(config: RegrabConfig, graph: RelationGraph | None, dim: int
@@ -165,7 +171,7 @@ def _proto_label(config: RegrabConfig, graph: RelationGraph | None, dim: int
         raise PipelineError("method proto_label reads the relation labels listed with the "
                             "graph; pass --graph, --features and --relations")
     return ProtoLabelHead(LabelPrior(config.prior, graph, dim), config.langevin.similarity,
-                          config.langevin.temperature, config.langevin.normalise_prototypes)
+                          config.langevin.temperature, config.langevin.prototype_scoring)
 
 
 METHODS = (

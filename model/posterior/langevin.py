@@ -115,9 +115,12 @@ class LangevinConfig:
             denominator instead (:func:`predictive_shift`); the samples keep their spread,
             so the uncertainty scores still read it. Euclidean similarity and the
             ``gaussian`` likelihood with noise only; training is unchanged.
-        normalise_prototypes: the prototype baselines (``proto``, ``mtb``, ``proto_label``)
-            put each prototype at the mean length of its way's encodings, so a mean of more
-            shots (shorter) does not lie closer to every query.
+        predictive_dims: the share of D counted in the predictive's log-variance term
+            (:func:`predictive_shift`).
+        prototype_scoring: how the prototype baselines (``proto``, ``mtb``, ``proto_label``)
+            score ways with unequal shots: ``mean`` (as trained), ``normalised`` (each
+            prototype at its encodings' length) or ``unbiased`` (the squared distance less
+            its prototype's sampling noise); :func:`model.methods.base.scored_prototypes`.
     """
 
     samples: int = field(ge=1, le=10_000,
@@ -165,9 +168,17 @@ class LangevinConfig:
             "samples' softmax, a way with fewer shots pays D s^2 / 2T) or gaussian (the "
             "samples centred on the posterior predictive log N(q; m_r, (sigma^2 + s_r^2) I), "
             "scaled by sigma^2 / T: fair to ways with unequal shots)")
-    normalise_prototypes: bool = field(
-        doc="proto, mtb and proto_label put each prototype at the mean length of its way's "
-            "encodings (a mean of more shots is shorter, so closer to every query)")
+    predictive_dims: float = field(
+        gt=0, le=1,
+        doc="with predictive: gaussian, the share of the D dimensions in the predictive's "
+            "-D/2 log(sigma^2 + s_r^2) term: the encodings' within-relation scatter fills "
+            "far fewer than D directions, and counting all of them over-penalises a way with "
+            "fewer shots (1: the isotropic model); chosen on validation relations")
+    prototype_scoring: Literal["mean", "normalised", "unbiased"] = field(
+        doc="how proto, mtb and proto_label score ways with unequal shots: mean (plain), "
+            "normalised (each prototype at its encodings' length) or unbiased (the squared "
+            "distance less its prototype's sampling noise, tr Sigma / k_r, pooled over the "
+            "episode; balanced episodes score as mean)")
 
     def draws(self, training: bool) -> int:
         """Independent samples per episode: ``samples`` in training, ``eval_samples`` (when
@@ -208,7 +219,7 @@ def init_prototypes(
 
 
 def predictive_shift(query: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
-                     variance: float, temperature: float) -> torch.Tensor:
+                     variance: float, temperature: float, dims: float = 1.0) -> torch.Tensor:
     """What moves each way's expected sample logit to its posterior predictive.
 
     A sample ``v ~ N(m_r, s_r^2 I)`` scores a query ``-|q - v|^2 / 2T``, whose mean over
@@ -219,7 +230,9 @@ def predictive_shift(query: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
 
         g_r(q) = -(sigma^2 / T) (|q - m_r|^2 / (2 (sigma^2 + s_r^2)) + D/2 log(sigma^2 + s_r^2)).
 
-    The shift ``g_r(q) + (|q - m_r|^2 + D s_r^2) / 2T`` added to every sample's logits makes
+    ``dims`` scales the D of the log term: real encodings scatter in far fewer than D
+    directions (isotropic sigma^2 is their mean over all D), and counting every dimension
+    there charges a way with fewer shots more than its queries' distances say. The shift ``g_r(q) + (|q - m_r|^2 + D s_r^2) / 2T`` added to every sample's logits makes
     their mean ``g_r(q)`` and keeps their spread.
 
     Shapes:
@@ -229,7 +242,7 @@ def predictive_shift(query: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
     dist = (-2.0 * similarity_logits(query, mean, "euclidean", 1.0))  # |q - m|^2: (B, Q, N)
     s2 = std[..., 0].square()[:, None, :]  # (B, 1, N)
     wide = variance + s2
-    g = -(variance / temperature) * (dist / (2.0 * wide) + 0.5 * d * torch.log(wide))
+    g = -(variance / temperature) * (dist / (2.0 * wide) + 0.5 * dims * d * torch.log(wide))
     return (g + (dist + d * s2) / (2.0 * temperature))[:, None]
 
 
@@ -409,7 +422,7 @@ class LangevinSampler(nn.Module):
                 logits = prototype_logits(query, v, cfg.similarity, cfg.temperature)
             if cfg.predictive == "gaussian" and cfg.similarity == "euclidean":
                 logits = logits + predictive_shift(query, mean, std, float(self.variance),
-                                                   cfg.temperature)
+                                                   cfg.temperature, cfg.predictive_dims)
             return logits
         v = self(support, h, generator, shots)  # (B, S, N, D)
         return prototype_logits(query, v, cfg.similarity, cfg.temperature)

@@ -18,7 +18,7 @@ Sentences are :class:`~model.predict.sentences.Sentence` objects or what
 Support with unequal K per relation is one episode, as ``evaluate`` scores its unequal-shot
 settings: the support padded to the largest K with each way's count
 (:func:`model.methods.base.head_logits`). A prototype is its own way's mean (proto, mtb,
-proto_label, with ``normalise_prototypes`` at its encodings' length), and REGRAB's
+proto_label, scored as ``prototype_scoring`` says), and REGRAB's
 ``gaussian`` posterior gives each way the posterior of its own sentences; with ``predictive:
 gaussian`` its scores are the posterior predictive, whose per-way variance keeps a way with
 more sentences from drawing the queries (docs/model.md#unequal-shots). A head that needs
@@ -356,7 +356,9 @@ class Predictor:
                 return "the posterior predictive widens a relation with fewer sentences"
             return ("predictive: samples, so predictions lean towards the relations with more "
                     "sentences")
-        if cfg.normalise_prototypes:
+        if cfg.prototype_scoring == "unbiased" and cfg.similarity == "euclidean":
+            return "distances less each prototype's sampling noise"
+        if cfg.prototype_scoring == "normalised":
             return "prototypes at their encodings' length"
         return "plain means: predictions lean towards the relations with more sentences"
 

@@ -187,3 +187,41 @@ def test_summaries_pair_each_split_with_its_twin():
     assert out["gain"]["5w1-5s"]["proto"]["per_split"] == pytest.approx(
         {"split_0": 10.0, "split_1": 20.0})
     assert out["step_share"]["5w1-5s"]["proto"]["mean"] == pytest.approx(25.0)
+
+
+def test_unbiased_prototypes_score_balanced_episodes_as_plain_means():
+    support, _ = _padded(3)
+    query = torch.randn(3, 6, 16)
+    plain = PrototypeHead("euclidean", 2.5).eval()
+    fair = PrototypeHead("euclidean", 2.5, "unbiased").eval()
+    torch.testing.assert_close(torch.log_softmax(fair.sample_logits(support, query), -1),
+                               torch.log_softmax(plain.sample_logits(support, query), -1))
+
+
+def test_unbiased_prototypes_take_the_shots_advantage_away():
+    # One way with 5 shots, four with 1, every relation's encodings around its own centre:
+    # plain means give the 5-shot way most queries, the unbiased distance about 1/N.
+    torch.manual_seed(0)
+    b, n, d = 400, 5, 64
+    centres = torch.randn(b, n, d) * 0.5
+    support = centres[:, :, None] + torch.randn(b, n, 5, d)
+    query = (centres[:, :, None] + torch.randn(b, n, 4, d)).reshape(b, n * 4, d)
+    shots = torch.ones(b, n, dtype=torch.long)
+    shots[:, 0] = 5
+    share = {}
+    for scoring in ("mean", "unbiased"):
+        head = PrototypeHead("euclidean", 1.0, scoring).eval()
+        pred = head_logits(head, support, query, None, None, shots)[:, 0].argmax(-1)
+        share[scoring] = float(step_share(pred.numpy(), shots.numpy()).mean())
+    assert share["mean"] > 0.5
+    assert 0.12 < share["unbiased"] < 0.28
+
+
+def test_fewer_predictive_dims_charge_an_uncertain_way_less():
+    query, mean = torch.randn(1, 4, 32), torch.randn(1, 2, 32)
+    std = torch.tensor([0.1, 1.0]).view(1, 2, 1)
+    full = predictive_shift(query, mean, std, 0.2, 2.5, 1.0)
+    half = predictive_shift(query, mean, std, 0.2, 2.5, 0.5)
+    # the wide way (1) gains against the narrow one (0)
+    gain = (half - full)[..., 1] - (half - full)[..., 0]
+    assert bool((gain > 0).all())
