@@ -317,7 +317,8 @@ PROTOTYPE_SCORINGS = ("mean", "normalised", "unbiased")
 
 def scored_prototypes(query: torch.Tensor, v: torch.Tensor, support: torch.Tensor,
                       shots: torch.Tensor | None, spread: torch.Tensor | float, scoring: str,
-                      similarity: str, temperature: float) -> torch.Tensor:
+                      similarity: str, temperature: float,
+                      extra: torch.Tensor | None = None) -> torch.Tensor:
     """``sim(q, v) / T`` of prototypes ``v`` built from ``support``, as ``scoring`` says.
 
     ``mean``: as they are. ``normalised``: each at the mean length of its way's encodings
@@ -327,16 +328,20 @@ def scored_prototypes(query: torch.Tensor, v: torch.Tensor, support: torch.Tenso
     (:func:`pooled_scatter`), so a way with more shots is no closer to every query. It moves a
     query's logits by the same amount when every way has the same shots, so balanced episodes
     score exactly as ``mean``; with dot similarity the dot product is unbiased already.
+    ``extra`` is any further expected squared distance a way's prototype adds (a prior
+    mean's own error, for ``proto_label``), subtracted likewise.
 
     Shapes:
         query: (B, Q, D), v: (B, N, D), support: (B, N, K, D), shots: (B, N) or None,
-        spread: (B, N, 1) or a number -> (B, Q, N)
+        spread: (B, N, 1) or a number, extra: (B, N, 1) or None -> (B, Q, N)
     """
     if scoring == "normalised":
         v = normalised(v, support, shots)
     logits = similarity_logits(query, v, similarity, temperature)
     if scoring == "unbiased" and similarity == "euclidean":
         bias = pooled_scatter(support, shots) * spread  # (B, N, 1)
+        if extra is not None:
+            bias = bias + extra
         logits = logits + 0.5 * bias.transpose(1, 2) / temperature
     return logits
 

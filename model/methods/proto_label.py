@@ -31,7 +31,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from model.methods.base import PredictiveHead, scored_prototypes, shot_counts, support_sum
+from model.methods.base import (
+    PredictiveHead,
+    pooled_scatter,
+    scored_prototypes,
+    shot_counts,
+    support_sum,
+)
 from model.methods.registry import Method
 from model.posterior.logits import similarity_logits
 from model.prior.gcn import GraphPrior, GraphPriorConfig
@@ -86,6 +92,20 @@ class LabelPrior(GraphPrior):
             mean: (D,)
         """
         self.base.copy_(mean)
+
+
+def support_mean_or(support: torch.Tensor, shots: torch.Tensor | None, h: torch.Tensor
+                    ) -> torch.Tensor:
+    """Each way's support mean, ``h`` for a way without shots.
+
+    Shapes:
+        support: (B, N, K, D), shots: (B, N) or None, h: (B, N, D) -> (B, N, D)
+    """
+    k = shot_counts(support, shots)
+    total = support_sum(support, shots)
+    if isinstance(k, int):
+        return total / k
+    return torch.where(k > 0, total / k.clamp(min=1), h)
 
 
 class ProtoLabelHead(PredictiveHead):
@@ -161,8 +181,24 @@ class ProtoLabelHead(PredictiveHead):
         if self.scoring == "normalised" and not isinstance(k, int):
             # a way without shots has no encodings to take a length from: its mean as it is
             v = torch.where(k > 0, v, h)
+        extra = None
+        if self.scoring == "unbiased":
+            # The label mean misses its relation's mean by E |h - mu|^2, estimated over the
+            # episode's ways from |m_r - h_r|^2 less the support mean's own noise; a way's
+            # prototype carries (w / (k + w))^2 of it.
+            scatter = pooled_scatter(support, shots)  # (B, 1, 1)
+            has = (k > 0) if not isinstance(k, int) else None
+            gap = (support_mean_or(support, shots, h) - h).pow(2).sum(-1, keepdim=True) \
+                - scatter / (k if isinstance(k, int) else k.clamp(min=1))  # (B, N, 1)
+            if has is not None:
+                gap = torch.where(has, gap, torch.zeros_like(gap))
+                ways = has.to(gap.dtype).sum(1, keepdim=True).clamp(min=1)
+            else:
+                ways = gap.shape[1]
+            miss = (gap.sum(1, keepdim=True) / ways).clamp(min=0)  # (B, 1, 1)
+            extra = (w / (k + w).clamp(min=1e-12)).square() * miss
         return scored_prototypes(query, v, support, shots, spread, self.scoring,
-                                 self.similarity, self.temperature)[:, None]
+                                 self.similarity, self.temperature, extra)[:, None]
 
 
 def _proto_label(config: RegrabConfig, graph: RelationGraph | None, dim: int

@@ -232,7 +232,9 @@ def predictive_shift(query: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
 
     ``dims`` scales the D of the log term: real encodings scatter in far fewer than D
     directions (isotropic sigma^2 is their mean over all D), and counting every dimension
-    there charges a way with fewer shots more than its queries' distances say. The shift ``g_r(q) + (|q - m_r|^2 + D s_r^2) / 2T`` added to every sample's logits makes
+    there charges a way with fewer shots more than its queries' distances say.
+
+    The shift ``g_r(q) + (|q - m_r|^2 + D s_r^2) / 2T`` added to every sample's logits makes
     their mean ``g_r(q)`` and keeps their spread.
 
     Shapes:
