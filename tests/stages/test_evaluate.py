@@ -43,19 +43,30 @@ def test_tiny_end_to_end_writes_metrics_reports_and_plots(tmp_path):
         "train": TRAIN,
         "evaluate": {"settings": settings, "episodes": 20, "queries": 2, "device": "cpu",
                      "nota_settings": ["2w1s"], "nota_rates": [0.25, 0.5],
-                     "nota_episodes": 10},
+                     "nota_episodes": 10, "unequal_settings": ["3w1-2s"],
+                     "unequal_episodes": 6},
     })
     p = _train(tmp_path, splits, params)
     out = _evaluate(tmp_path, splits, p)
     metrics = json.loads((tmp_path / "metrics" / "nyt25.json").read_text())
     assert metrics == out
-    assert list(metrics) == ["nyt25", "paired", "ece", "ece_ts", "nota", "detection", "aurc"]
+    assert list(metrics) == ["nyt25", "paired", "ece", "ece_ts", "nota", "detection", "aurc",
+                             "shots"]
     acc = metrics["nyt25"]
     assert set(acc) == {"regrab", "regrab_no_prior", "mtb", "proto", "proto_label", "floor"}
-    # zero-shot only for the methods with a prior (regrab; proto_label's label mean)
-    assert set(acc["regrab"]) == set(acc["proto_label"]) == set(settings)
+    # zero-shot only for the methods with a prior (regrab; proto_label's label mean); the
+    # unequal-shot setting brings its twin cut to one sentence and its step protocol
+    unequal = {"3w1-2s", "3w1-2s_cut1", "3w1-2s_step"}
+    assert set(acc["regrab"]) == set(acc["proto_label"]) == set(settings) | unequal
     for method in ("regrab_no_prior", "mtb", "proto", "floor"):
-        assert set(acc[method]) == {"2w1s", "3w2s"}
+        assert set(acc[method]) == {"2w1s", "3w2s"} | unequal
+    shots = metrics["shots"]
+    assert set(shots["step_share"]) == set(acc)
+    assert all(0 <= v <= 100 for v in shots["step_share"].values())
+    gain = shots["gain"]["3w1-2s"]["proto"]
+    assert gain["diff"] == pytest.approx(acc["proto"]["3w1-2s"] - acc["proto"]["3w1-2s_cut1"],
+                                         abs=0.02)
+    assert "Step protocol of 3w1-2s" in (tmp_path / "metrics" / "nyt25.md").read_text()
     assert all(0 <= v <= 100 for row in acc.values() for v in row.values())
     assert set(metrics["paired"]) == {f"{m}_minus_regrab" for m in
                                       ("regrab_no_prior", "mtb", "proto", "proto_label",
