@@ -18,7 +18,8 @@ import torch
 from torch.nn import functional
 
 from model.encoder.sentence import EncoderConfig, SentenceEncoder
-from model.methods.base import PrototypeHead, support_mean
+from model.methods.base import PrototypeHead
+from model.methods.shot_scoring import support_mean
 
 
 class CosinePrototypeHead(PrototypeHead):

@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from model.methods.base import (
-    PredictiveHead,
+from model.methods.base import PredictiveHead
+from model.methods.registry import Method
+from model.methods.shot_scoring import (
     pooled_scatter,
     scored_prototypes,
     shot_counts,
     support_sum,
 )
-from model.methods.registry import Method
 from model.posterior.logits import similarity_logits
 from model.prior.gcn import GraphPrior, GraphPriorConfig
 from model.prior.graph import RelationGraph

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from model.methods.base import head_logits, mc_log_predictive
+from model.methods.base import mc_log_predictive
 from model.methods.registry import Method
+from model.methods.shot_scoring import head_logits
 from model.posterior.langevin import LangevinConfig, LangevinSampler
 from model.posterior.target import heldout_scales, log_evidence
 from model.prior.gcn import GraphPrior

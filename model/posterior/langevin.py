@@ -41,8 +41,8 @@ full samples, tested).
 Everything is differentiable with respect to the support encodings, h, lambda and sigma^2,
 so training reaches the encoder, the GCN and (``scales: learned``) the scales through the
 samples. The target's pure functions (its gradient, the closed-form Gaussian posterior, the
-evidence and the empirical-Bayes scales) are in :mod:`model.posterior.target`; this module
-holds the settings, the chain's start and step, and the sampler around them.
+evidence, the empirical-Bayes scales, the chain's start and step) are in
+:mod:`model.posterior.target`; this module holds the settings and the sampler.
 
 Shapes:
     B episodes, S samples, N ways, K shots, Q queries, D encoding size.
@@ -57,8 +57,15 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from model.posterior.logits import gaussian_sample_logits, prototype_logits, similarity_logits
-from model.posterior.target import gaussian_posterior, log_posterior_grad, way_precision
+from model.posterior.logits import gaussian_sample_logits, predictive_shift, prototype_logits
+from model.posterior.target import (
+    gaussian_posterior,
+    init_prototypes,
+    langevin_step,
+    log_posterior_grad,
+    preconditioner,
+    way_precision,
+)
 from pipeline.config import field
 
 Likelihood = Literal["gaussian", "softmax", "softmax_mean"]
@@ -106,21 +113,10 @@ class LangevinConfig:
             samples for its gradient; the predictive of a scored episode is a Monte Carlo
             average, and more samples estimate the same average with less noise (REGRAB's
             chains and Versa's draws; BMAML's interacting particles stay ``samples``).
-        predictive: how REGRAB scores queries at evaluation and prediction. ``samples``:
-            the average over posterior samples of ``softmax(-|q - v_s|^2 / 2T)``, whose
-            expected logit pays ``D s_r^2 / 2T`` for a way's posterior variance, so a way
-            with fewer shots loses queries to one with more. ``gaussian``: each way's
-            samples are centred on the Gaussian model's posterior predictive, ``(sigma^2/T)
-            log N(q; m_r, (sigma^2 + s_r^2) I)``, which widens the uncertain way's
-            denominator instead (:func:`predictive_shift`); the samples keep their spread,
-            so the uncertainty scores still read it. Euclidean similarity and the
-            ``gaussian`` likelihood with noise only; training is unchanged.
-        predictive_dims: the share of D counted in the predictive's log-variance term
-            (:func:`predictive_shift`).
-        prototype_scoring: how the prototype baselines (``proto``, ``mtb``, ``proto_label``)
-            score ways with unequal shots: ``mean`` (as trained), ``normalised`` (each
-            prototype at its encodings' length) or ``unbiased`` (the squared distance less
-            its prototype's sampling noise); :func:`model.methods.base.scored_prototypes`.
+        predictive, predictive_dims: REGRAB's scores at evaluation and prediction
+            (:func:`~model.posterior.logits.predictive_shift`, docs/model.md#unequal-shots).
+        prototype_scoring: the prototype baselines' scores of unequal shots
+            (:func:`model.methods.base.scored_prototypes`).
     """
 
     samples: int = field(ge=1, le=10_000,
@@ -192,88 +188,6 @@ class LangevinConfig:
                 "(log 0 has nothing to learn or estimate); set scales: fixed, or a "
                 "prior_precision > 0 as the starting value"
             )
-
-
-def init_prototypes(
-    support: torch.Tensor, h: torch.Tensor, prior_weight: float, mean_weight: float,
-    shots: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Starting point ``m_r + a * h_r - b * m`` (appendix A); with ``shots`` (the padded
-    support's per-way counts) the means read the real shots only, and a way without shots
-    starts at ``h_r``.
-
-    Shapes:
-        support: (B, N, K, D), h: (B, N, D), shots: (B, N) or None -> (B, N, D)
-    """
-    if shots is None:
-        m_r = support.mean(2)  # (B, N, D)
-        m = support.mean((1, 2))[:, None, :]  # (B, 1, D)
-        return m_r + prior_weight * h - mean_weight * m
-    k = shots.to(device=h.device, dtype=h.dtype)[..., None]  # (B, N, 1)
-    mask = (torch.arange(support.shape[2], device=h.device)
-            < shots[..., None].to(h.device)).to(h.dtype)[..., None]
-    total = (support * mask).sum(2)  # (B, N, D)
-    m_r = torch.where(k > 0, total / k.clamp(min=1), h)
-    m = (total.sum(1) / k.sum(1).clamp(min=1))[:, None, :]  # (B, 1, D)
-    return m_r + prior_weight * h - mean_weight * m
-
-
-def predictive_shift(query: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
-                     variance: float, temperature: float, dims: float = 1.0) -> torch.Tensor:
-    """What moves each way's expected sample logit to its posterior predictive.
-
-    A sample ``v ~ N(m_r, s_r^2 I)`` scores a query ``-|q - v|^2 / 2T``, whose mean over
-    samples is ``-(|q - m_r|^2 + D s_r^2) / 2T``: the way's uncertainty is a penalty. Under the
-    Gaussian model a query of way r is ``N(m_r, (sigma^2 + s_r^2) I)``; its log density,
-    scaled by ``sigma^2 / T`` (so a way known exactly, s_r = 0, scores ``-|q - m_r|^2 / 2T`` as
-    a point estimate would), is
-
-        g_r(q) = -(sigma^2 / T) (|q - m_r|^2 / (2 (sigma^2 + s_r^2)) + D/2 log(sigma^2 + s_r^2)).
-
-    ``dims`` scales the D of the log term: real encodings scatter in far fewer than D
-    directions (isotropic sigma^2 is their mean over all D), and counting every dimension
-    there charges a way with fewer shots more than its queries' distances say.
-
-    The shift ``g_r(q) + (|q - m_r|^2 + D s_r^2) / 2T`` added to every sample's logits makes
-    their mean ``g_r(q)`` and keeps their spread.
-
-    Shapes:
-        query: (B, Q, D), mean: (B, N, D), std: (B, N, 1) -> (B, 1, Q, N)
-    """
-    d = query.shape[-1]
-    dist = (-2.0 * similarity_logits(query, mean, "euclidean", 1.0))  # |q - m|^2: (B, Q, N)
-    s2 = std[..., 0].square()[:, None, :]  # (B, 1, N)
-    wide = variance + s2
-    g = -(variance / temperature) * (dist / (2.0 * wide) + 0.5 * dims * d * torch.log(wide))
-    return (g + (dist + d * s2) / (2.0 * temperature))[:, None]
-
-
-def preconditioner(shots: int, likelihood: str, precision: torch.Tensor | float,
-                   variance: torch.Tensor | float) -> torch.Tensor | float:
-    """P of the update: the exact posterior variance for ``gaussian``, else 1."""
-    if likelihood != "gaussian":
-        return 1.0
-    return 1.0 / (precision + shots / variance)
-
-
-def langevin_step(
-    v: torch.Tensor,
-    grad: torch.Tensor,
-    step_size: float,
-    precond: torch.Tensor | float,
-    noise: torch.Tensor | None,
-) -> torch.Tensor:
-    """One SGLD update ``v + eps/2 * P grad + sqrt(eps P) z`` (pure: no state, no sampling).
-
-    Shapes:
-        v, grad, noise: (B, S, N, D) -> (B, S, N, D)
-    """
-    v = v + 0.5 * step_size * precond * grad
-    if noise is not None:
-        scale = (math.sqrt(step_size * precond) if isinstance(precond, float)
-                 else torch.sqrt(step_size * precond))
-        v = v + scale * noise
-    return v
 
 
 class LangevinSampler(nn.Module):

@@ -11,7 +11,9 @@ SGLD step follows. With the ``gaussian`` likelihood the posterior is Gaussian in
 (:func:`gaussian_posterior`), and two functions give empirical Bayes: the marginal likelihood
 of a way's sentences (:func:`log_evidence`, a training term) and a method-of-moments estimate
 of lambda and sigma^2 from relations the model was not trained on (:func:`heldout_scales`);
-:func:`way_precision` estimates an episode's prior precision from its own support.
+:func:`way_precision` estimates an episode's prior precision from its own support. The
+chain's start (:func:`init_prototypes`) and its preconditioned step (:func:`preconditioner`,
+:func:`langevin_step`) are here too.
 
 Nothing here keeps state or draws random numbers; the sampler that uses these,
 :class:`~model.posterior.langevin.LangevinSampler`, does.
@@ -21,6 +23,8 @@ Shapes:
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -172,3 +176,55 @@ def way_precision(support: torch.Tensor, h: torch.Tensor, precision: torch.Tenso
     gap = (term.sum(1) / has.sum(1).clamp(min=1)).view(-1, 1, 1)
     gap = torch.where(has.sum(1).view(-1, 1, 1) > 0, gap, torch.zeros_like(gap))
     return 1.0 / torch.clamp(gap, min=1.0 / precision)
+
+
+def init_prototypes(
+    support: torch.Tensor, h: torch.Tensor, prior_weight: float, mean_weight: float,
+    shots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Starting point ``m_r + a * h_r - b * m`` (appendix A); with ``shots`` (the padded
+    support's per-way counts) the means read the real shots only, and a way without shots
+    starts at ``h_r``.
+
+    Shapes:
+        support: (B, N, K, D), h: (B, N, D), shots: (B, N) or None -> (B, N, D)
+    """
+    if shots is None:
+        m_r = support.mean(2)  # (B, N, D)
+        m = support.mean((1, 2))[:, None, :]  # (B, 1, D)
+        return m_r + prior_weight * h - mean_weight * m
+    k = shots.to(device=h.device, dtype=h.dtype)[..., None]  # (B, N, 1)
+    mask = (torch.arange(support.shape[2], device=h.device)
+            < shots[..., None].to(h.device)).to(h.dtype)[..., None]
+    total = (support * mask).sum(2)  # (B, N, D)
+    m_r = torch.where(k > 0, total / k.clamp(min=1), h)
+    m = (total.sum(1) / k.sum(1).clamp(min=1))[:, None, :]  # (B, 1, D)
+    return m_r + prior_weight * h - mean_weight * m
+
+
+def preconditioner(shots: int, likelihood: str, precision: torch.Tensor | float,
+                   variance: torch.Tensor | float) -> torch.Tensor | float:
+    """P of the update: the exact posterior variance for ``gaussian``, else 1."""
+    if likelihood != "gaussian":
+        return 1.0
+    return 1.0 / (precision + shots / variance)
+
+
+def langevin_step(
+    v: torch.Tensor,
+    grad: torch.Tensor,
+    step_size: float,
+    precond: torch.Tensor | float,
+    noise: torch.Tensor | None,
+) -> torch.Tensor:
+    """One SGLD update ``v + eps/2 * P grad + sqrt(eps P) z`` (pure: no state, no sampling).
+
+    Shapes:
+        v, grad, noise: (B, S, N, D) -> (B, S, N, D)
+    """
+    v = v + 0.5 * step_size * precond * grad
+    if noise is not None:
+        scale = (math.sqrt(step_size * precond) if isinstance(precond, float)
+                 else torch.sqrt(step_size * precond))
+        v = v + scale * noise
+    return v

@@ -46,7 +46,8 @@ from model.encoder.frozen_cache import encode_all
 from model.evaluation.uncertainty import SCORES, mc_log_probs, uncertainty_scores
 from model.files.loader import load_model
 from model.files.score_quantiles import ScoreQuantiles
-from model.methods.base import FewShotModel, head_logits
+from model.methods.base import FewShotModel
+from model.methods.shot_scoring import head_logits
 from model.predict.abstain import AbstainRule, check_request, make_rule
 from model.predict.sentences import parse_sentence, sentences_table
 from model.predict.summary import SupportSummary, unread_descriptions
