@@ -13,7 +13,7 @@ A method module imports this module, :class:`~model.methods.registry.Method` and
   the queries (``versa``, ``bmaml``).
 * :func:`require_shots`, :func:`episode_chunks`: refusing K = 0, scoring in chunks.
 * ways with unequal shots (a padded support and per-way counts) are scored in one call by
-  :func:`~model.methods.shot_scoring.head_logits` (:mod:`model.methods.shot_scoring`).
+  :func:`~model.posterior.shots.head_logits` (:mod:`model.posterior.shots`).
 
 Shapes:
     B episodes, S samples, N ways, K shots, Q queries, D encoding size (see :mod:`model`).
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from model.methods.shot_scoring import head_logits, scored_prototypes, shot_counts, support_mean
 from model.posterior.logits import prototype_logits
+from model.posterior.shots import head_logits, scored_prototypes, shot_counts, support_mean
 from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from torch.nn import functional
 
 from model.encoder.sentence import EncoderConfig, SentenceEncoder
 from model.methods.base import PrototypeHead
-from model.methods.shot_scoring import support_mean
+from model.posterior.shots import support_mean
 
 
 class CosinePrototypeHead(PrototypeHead):

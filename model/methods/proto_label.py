@@ -33,13 +33,13 @@ from torch import nn
 
 from model.methods.base import PredictiveHead
 from model.methods.registry import Method
-from model.methods.shot_scoring import (
+from model.posterior.logits import similarity_logits
+from model.posterior.shots import (
     pooled_scatter,
     scored_prototypes,
     shot_counts,
     support_sum,
 )
-from model.posterior.logits import similarity_logits
 from model.prior.gcn import GraphPrior, GraphPriorConfig
 from model.prior.graph import RelationGraph
 from pipeline.errors import PipelineError

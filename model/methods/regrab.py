@@ -25,8 +25,8 @@ from torch import nn
 
 from model.methods.base import mc_log_predictive
 from model.methods.registry import Method
-from model.methods.shot_scoring import head_logits
 from model.posterior.langevin import LangevinConfig, LangevinSampler
+from model.posterior.shots import head_logits
 from model.posterior.target import heldout_scales, log_evidence
 from model.prior.gcn import GraphPrior
 from model.prior.graph import RelationGraph

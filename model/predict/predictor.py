@@ -47,7 +47,7 @@ from model.evaluation.uncertainty import SCORES, mc_log_probs, uncertainty_score
 from model.files.loader import load_model
 from model.files.score_quantiles import ScoreQuantiles
 from model.methods.base import FewShotModel
-from model.methods.shot_scoring import head_logits
+from model.posterior.shots import head_logits
 from model.predict.abstain import AbstainRule, check_request, make_rule
 from model.predict.sentences import parse_sentence, sentences_table
 from model.predict.summary import SupportSummary, unread_descriptions

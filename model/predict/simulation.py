@@ -34,7 +34,7 @@ import torch
 
 from model.episodes import EpisodeSampler, cycled
 from model.evaluation.uncertainty import mc_log_probs
-from model.methods.shot_scoring import head_logits
+from model.posterior.shots import head_logits
 from model.predict.active import acquisition_scores, check_strategy, pick, random_scores
 from pipeline.errors import PipelineError
 

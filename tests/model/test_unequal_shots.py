@@ -12,8 +12,8 @@ from model.episodes import EpisodeSampler, cycled
 from model.evaluation.shots import UnequalSetting, sample_unequal, step_share, summarise
 from model.methods.base import PrototypeHead
 from model.methods.regrab import RegrabHead
-from model.methods.shot_scoring import head_logits, oversample, support_mean
 from model.posterior.langevin import LangevinSampler, predictive_shift
+from model.posterior.shots import head_logits, oversample, support_mean
 from model.posterior.target import gaussian_posterior, way_precision
 from pipeline.errors import PipelineError
 from tests.conftest import model_config

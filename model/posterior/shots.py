@@ -6,7 +6,7 @@ takes the counts, any other gets each way's sentences repeated up to K (:func:`o
 The helpers read only a way's real shots (:func:`support_mean`, :func:`support_sum`,
 :func:`shot_mask`, :func:`shot_counts`); :func:`scored_prototypes` is how the prototype
 baselines keep a way with more shots from drawing the queries (docs/model.md#unequal-shots).
-Not a method module: the base and the methods import it.
+The heads of :mod:`model.methods` and the callers that score episodes import it.
 
 Shapes:
     B episodes, N ways, K shots (the largest), Q queries, D encoding size.
@@ -14,15 +14,10 @@ Shapes:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from model.posterior.logits import similarity_logits
 from pipeline.errors import PipelineError
-
-if TYPE_CHECKING:
-    from model.methods.base import Head
 
 
 def unequal(support: torch.Tensor, shots: torch.Tensor | None) -> bool:
@@ -94,7 +89,7 @@ def oversample(support: torch.Tensor, shots: torch.Tensor) -> torch.Tensor:
     return support.gather(2, slot[..., None].expand_as(support))
 
 
-def head_logits(head: Head, support: torch.Tensor, query: torch.Tensor,
+def head_logits(head: torch.nn.Module, support: torch.Tensor, query: torch.Tensor,
                 h: torch.Tensor | None, generator: torch.Generator | None = None,
                 shots: torch.Tensor | None = None) -> torch.Tensor:
     """``head.sample_logits`` of an episode batch whose ways may have unequal shots.
