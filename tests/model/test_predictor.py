@@ -261,8 +261,9 @@ def test_unequal_shots_are_one_episode_with_each_ways_own_posterior(folder, tabl
         pred.set_support(alone)
         torch.testing.assert_close(mixed[..., n], pred.sample_logits(q)[..., 0])
 
-    # proto: the prototypes are the plain support means, whatever each way's K
-    proto = Predictor.from_checkpoint(tiny_checkpoint(folder, "proto"))
+    # proto scored as trained (prototype_scoring: mean): the prototypes are the plain
+    # support means, whatever each way's K
+    proto = Predictor.from_checkpoint(tiny_checkpoint(folder, "proto", prototype_scoring="mean"))
     proto.set_support(support)
     got = proto.predict(queries)
     means = torch.stack([proto.encode(support[r]).mean(0) for r in RELATIONS])
