@@ -214,6 +214,15 @@ def upgrade(d: Any) -> Any:
     if isinstance(d.get("langevin"), dict) and "prior_trust" not in d["langevin"]:
         # Written before model.langevin.prior_trust existed: every way had precision lambda.
         d["langevin"] = {**d["langevin"], "prior_trust": "fixed"}
+    if isinstance(d.get("langevin"), dict) and "predictive" not in d["langevin"]:
+        # Written before model.langevin.predictive existed: the average of the samples.
+        d["langevin"] = {**d["langevin"], "predictive": "samples"}
+    if isinstance(d.get("langevin"), dict) and "predictive_dims" not in d["langevin"]:
+        # Written before model.langevin.predictive_dims existed (unused with samples).
+        d["langevin"] = {**d["langevin"], "predictive_dims": 1.0}
+    if isinstance(d.get("langevin"), dict) and "prototype_scoring" not in d["langevin"]:
+        # Written before model.langevin.prototype_scoring existed: plain support means.
+        d["langevin"] = {**d["langevin"], "prototype_scoring": "mean"}
     method = d.get("method")
     if isinstance(method, str) and method in OLD_HEAD_SIZES and method not in d:
         # Written before model.heads existed: the head had the code's sizes.

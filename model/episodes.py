@@ -49,11 +49,27 @@ class Setting:
 
 @dataclass(frozen=True)
 class Episodes:
-    """Sentence rows of B episodes; way n of episode b is relation ``relation[b, n]``."""
+    """Sentence rows of B episodes; way n of episode b is relation ``relation[b, n]``.
+
+    With ``shots``, way n of episode b has ``shots[b, n]`` sentences: the first ones of its
+    support row, the rest repeating them in order up to K (so a head that needs equal shots
+    reads them oversampled, and one that takes counts masks the repeats out).
+    """
 
     relation: np.ndarray  # (B, N) index into EpisodeSampler.relations
     support: np.ndarray  # (B, N, K) sentence rows
     query: np.ndarray  # (B, N, Q) sentence rows
+    shots: np.ndarray | None = None  # (B, N) shots per way; None: every way has K
+
+
+def cycled(rows: np.ndarray, shots: np.ndarray) -> np.ndarray:
+    """Each way's first ``shots`` rows repeated in order to fill its K slots.
+
+    Shapes:
+        rows: (B, N, K), shots: (B, N) with every count >= 1 -> (B, N, K)
+    """
+    slot = np.arange(rows.shape[2]) % np.maximum(shots, 1)[..., None]  # (B, N, K)
+    return np.take_along_axis(rows, slot, axis=2)
 
 
 class EpisodeSampler:
@@ -100,6 +116,22 @@ class EpisodeSampler:
                 rows[b, n] = members[rng.permutation(len(members))[: shots + queries]]
         return Episodes(rel, rows[:, :, :shots], rows[:, :, shots:])
 
+    def sample_unequal(self, rng: np.random.Generator, shots: np.ndarray, queries: int
+                       ) -> Episodes:
+        """Episodes whose way n of episode b has ``shots[b, n]`` support sentences (at least
+        one) and ``queries`` queries; relations and sentences as :meth:`sample` draws them.
+
+        Shapes:
+            shots: (B, N) -> support (B, N, max shots), cycled (see :class:`Episodes`)
+        """
+        shots = np.asarray(shots, dtype=np.int64)
+        if shots.size and shots.min() < 1:
+            raise PipelineError("unequal-shot episodes need at least one shot per way")
+        count, ways = shots.shape
+        top = int(shots.max()) if shots.size else 1
+        drawn = self.sample(rng, ways, top, queries, count)
+        return Episodes(drawn.relation, cycled(drawn.support, shots), drawn.query, shots)
+
 
 def gather_episodes(encodings: torch.Tensor, episodes: Episodes) -> tuple[torch.Tensor, ...]:
     """Support, query and query labels of episodes from cached encodings.
@@ -125,6 +157,7 @@ def log_predictive_batches(
     batch_size: int = 250,
     generator: torch.Generator | None = None,
     samples: bool = False,
+    shots: np.ndarray | None = None,
 ) -> Iterator[torch.Tensor]:
     """The one episode loop: log-predictive of every query, ``batch_size`` episodes at a time
     (with ``samples``, the per-sample logits it averages instead).
@@ -144,20 +177,30 @@ def log_predictive_batches(
         generator: seeds the posterior samples of a head that samples at evaluation.
         samples: yield ``head.sample_logits`` (the log-predictive is
             :func:`model.methods.base.mc_log_predictive` of them, for every head).
+        shots: each way's count when they differ (``support`` cycled as in
+            :class:`Episodes`): a head with ``unequal_shots`` gets the counts, any other the
+            cycled rows, i.e. the support oversampled to equal shots. None: every way has K.
 
     Shapes:
-        encodings: (n, D), relation: (B, N), support: (B, N, K), query: (B, Q)
+        encodings: (n, D), relation: (B, N), support: (B, N, K), query: (B, Q),
+        shots: (B, N) or None
         -> one (B_batch, Q, N) tensor per batch ((B_batch, S, Q, N) with ``samples``)
     """
     dev = encodings.device
     states = head.prior_states()
+    counts = shots is not None and getattr(head, "unequal_shots", False)
     for start in range(0, len(relation), batch_size):
         stop = start + batch_size
         sup = encodings[torch.from_numpy(support[start:stop]).to(dev)]  # (B, N, K, D)
         qry = encodings[torch.from_numpy(query[start:stop]).to(dev)]  # (B, Q, D)
         rows = relation_rows.to(dev)[torch.from_numpy(relation[start:stop]).to(dev)]  # (B, N)
         h = head.prior_means(states, rows)
-        yield (head.sample_logits if samples else head.log_predictive)(sup, qry, h, generator)
+        score = head.sample_logits if samples else head.log_predictive
+        k = torch.from_numpy(shots[start:stop]).to(dev) if counts else None
+        if k is not None and bool((k != sup.shape[2]).any()):
+            yield score(sup, qry, h, generator, shots=k)
+        else:
+            yield score(sup, qry, h, generator)
 
 
 @torch.no_grad()
@@ -187,7 +230,8 @@ def episode_accuracy(
     accs = [(log_p.argmax(-1) == labels).float().mean(1).cpu().numpy()  # (B_batch,)
             for log_p in log_predictive_batches(
                 head, encodings, episodes.relation, episodes.support,
-                episodes.query.reshape(b, n * q), relation_rows, batch_size, generator)]
+                episodes.query.reshape(b, n * q), relation_rows, batch_size, generator,
+                shots=episodes.shots)]
     return np.concatenate(accs)
 
 

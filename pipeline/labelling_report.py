@@ -144,3 +144,33 @@ def curves_csv(summary: Mapping[str, Any], sets: Sequence[str]) -> str:
         lines.append(",".join([f"{x:g}", *("" if c[i] is None else f"{c[i]:.2f}"
                                            for c in curves.values())]))
     return "\n".join(lines) + "\n"
+
+
+def plot_curves(summary: Mapping[str, Any], sets: Mapping[str, str], path: Any) -> None:
+    """Accuracy against labels per relation, one panel per set: each method in its own
+    colour, ``random`` solid and BALD (or, for a head without posterior samples, its first
+    other strategy) dashed, with the t 95% band over splits (a PNG)."""
+    plt = report._pyplot()
+    axis = np.asarray(summary["labels_per_relation"], dtype=float)
+    fig, axes = plt.subplots(1, len(sets), figsize=(5.2 * len(sets), 3.8), squeeze=False)
+    for ax, (name, title) in zip(axes[0], sets.items(), strict=True):
+        for i, (method, by_strategy) in enumerate(summary[name].items()):
+            colour = f"C{i}"
+            active = BAR[1] if BAR[1] in by_strategy else next(
+                (s for s in by_strategy if s != FLOOR), None)
+            for strategy, style in ((FLOOR, "-"), (active, "--")):
+                if strategy not in by_strategy:
+                    continue
+                c = by_strategy[strategy]
+                y = np.array([np.nan if v is None else v for v in c["accuracy"]], dtype=float)
+                ci = np.array([0.0 if v is None else v for v in c["ci95"]], dtype=float)
+                ax.plot(axis, y, style, color=colour, label=f"{method} {strategy}")
+                ax.fill_between(axis, y - ci, y + ci, color=colour, alpha=0.07, linewidth=0)
+        ax.set_title(title[:60], fontsize=9)
+        ax.set_xlabel("labelled sentences per relation")
+        ax.set_ylabel("accuracy %")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    report._save(fig, path)
+    plt.close(fig)

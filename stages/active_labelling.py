@@ -330,6 +330,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--table", type=Path, required=True, help="markdown tables")
     parser.add_argument("--plot", type=Path, required=True,
                         help="accuracy vs labels per relation (CSV, a DVC plot)")
+    parser.add_argument("--figure", type=Path, default=None,
+                        help="the same curves drawn, one panel per set (PNG; default: the "
+                             "plot path with .png)")
     parser.add_argument("--relations", type=Path, default=None,
                         help="relation names and descriptions (FewRel's pid2name.json format) "
                              "of the benchmark's test relations, read by priors with "
@@ -339,7 +342,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     params = load_section(ActiveLabellingParams, "active_labelling", args.params)
-    outputs = [args.metrics, args.table, args.plot]
+    outputs = [args.metrics, args.table, args.plot, args.figure or args.plot.with_suffix(".png")]
     for path in outputs:
         check_writable(path)
         remove_stale_temporaries(path.parent, [path.name])
@@ -381,10 +384,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"one pool sentence labelled at a time, {params.labels * params.ways} in all. "
             "Every strategy labels on the same episodes. `minus random`: the paired "
             "difference with random averaged over the curve, points.")
-    with atomic_paths(*outputs) as (metrics_tmp, table_tmp, plot_tmp):
+    with atomic_paths(*outputs) as (metrics_tmp, table_tmp, plot_tmp, figure_tmp):
         report.write_json_ordered(summary, metrics_tmp)
         table_tmp.write_text(labelling_report.markdown(summary, titles, note))
         plot_tmp.write_text(labelling_report.curves_csv(summary, list(titles)))
+        labelling_report.plot_curves(summary, titles, figure_tmp)
     log.info("active_labelling done in %.0f s", time.perf_counter() - t0)
     return summary
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from model.encoder.frozen_cache import LowerCache
+from model.evaluation import shots
 from model.evaluation.config import EvalConfig
 from model.evaluation.splits import evaluate_split, merge_shares, method_shares
 from model.training.config import ComparisonConfig, load_comparison
@@ -147,9 +148,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     metrics = report.headline_metrics(summary, args.benchmark,
                                       (*cfg.methods, *comparison.methods))
     metrics |= detection.headline_detection(summary) | support_noise.headline(summary)
+    summary["shots"] = shots.summarise(per_split, cfg.unequal_settings)
+    if shots.headline(summary["shots"]):
+        metrics["shots"] = shots.headline(summary["shots"])
     settings = list(cfg.settings) + [f"{cfg.noisy}_noisy"] * (cfg.noisy is not None)
+    unequal = [n for s in cfg.unequal_settings for n in shots.UnequalSetting.parse(s).names()]
     note = (f"Test relations of {len(names)} split(s), {cfg.episodes} episodes per setting "
-            f"and split, {cfg.queries} queries per way. `floor`: frozen pre-trained encoder, "
+            f"and split ({cfg.unequal_episodes} for the unequal-shot ones: {{N}}w1-5s, its "
+            "_cut1 twin cut to one sentence per way, its _step protocol), "
+            f"{cfg.queries} queries per way. `floor`: frozen pre-trained encoder, "
             "entity-mean pooling, cosine similarity to the renormalised mean of the unit "
             "support encodings (no training); its ECE reflects an arbitrary temperature of 1 "
             "and is no calibration claim, its AURC (a ranking measure) is comparable.")
@@ -159,9 +166,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                     reliability_tmp, selective_tmp, roc_tmp):
         report.write_json_ordered(metrics, metrics_tmp)
         report.write_json_ordered(summary, report_tmp, digits=4)
-        table_tmp.write_text(report.markdown_report(summary, settings, note)
+        table_tmp.write_text(report.markdown_report(summary, settings + unequal, note)
                              + "\n".join(detection.markdown_detection(summary)
-                                   + support_noise.markdown(summary)) + "\n")
+                                         + support_noise.markdown(summary)
+                                         + shots.markdown(summary["shots"])) + "\n")
         plots.plot_accuracy(summary, settings, plot_tmp, args.benchmark)
         plots.plot_reliability(summary, list(cfg.methods), settings, reliability_tmp)
         report.write_selective_csv(summary, selective_tmp)

@@ -34,6 +34,7 @@ import pyarrow as pa
 import torch
 
 from model.episodes import Setting
+from model.evaluation import shots
 from model.evaluation.splits import EvalConfig
 from model.evaluation.transfer import checkpoints, cut_relations, score_table
 from pipeline import detection, report
@@ -76,6 +77,10 @@ class TransferSet:
             "(evaluate.nota_rates and nota_settings); with no validation relations in the set, "
             "thresholds, temperatures and the best uncertainty score are chosen on other "
             "episodes of the same relations")
+    unequal: bool = field(
+        default=False,
+        doc="(optional) also score evaluate.unequal_settings here (ways with unequal shots, "
+            "their _cut1 twins and _step protocols)")
 
 
 @register_section("transfer")
@@ -164,6 +169,7 @@ def headline(results: dict[str, dict[str, dict[str, Any]]],
     priors: dict[str, Any] = {}
     vs_regrab: dict[str, Any] = {}
     uncertainty: dict[str, Any] = {}
+    unequal: dict[str, Any] = {}
     for name, by_bench in results.items():
         for bench, summary in by_bench.items():
             found = detection.headline_detection(summary)
@@ -180,13 +186,15 @@ def headline(results: dict[str, dict[str, dict[str, Any]]],
                 m: {s: round(c["ece"]["mean"], 2) for s, c in row.items()}
                 for m, row in summary["calibration"].items() if m != "floor"}
             priors.setdefault(name, {})[bench] = summary["priors"]
+            if shots.headline(summary["shots"]):
+                unequal.setdefault(name, {})[bench] = shots.headline(summary["shots"])
             vs_regrab.setdefault(name, {})[bench] = {
                 k: {s: {"diff": round(c["diff"], 2),
                         "ci95": None if c["ci95"] is None else round(c["ci95"], 2)}
                     for s, c in row.items()}
                 for k, row in summary["paired"].items() if not k.startswith("floor")}
     return {**acc, "paired": paired, "vs_regrab": vs_regrab, "ece": ece, "priors": priors,
-            "uncertainty": uncertainty,
+            "uncertainty": {k: v for k, v in uncertainty.items() if v}, "shots": unequal,
             "shuffled": sorted(shuffled or [])}
 
 
@@ -203,9 +211,12 @@ def markdown(results: dict[str, dict[str, dict[str, Any]]], params: TransferPara
                     + "; ".join(f"{m}: " + ", ".join(f"{k} {n}" for k, n in c.items())
                                 for m, c in summary["priors"].items()))
             parts.append(f"## {name}, {bench} checkpoints\n\n"
-                         + report.markdown_report(summary, list(params.settings), note)
+                         + report.markdown_report(summary, [*params.settings, *(
+                             n for s in summary["shots"]["gain"]
+                             for n in shots.UnequalSetting.parse(s).names())], note)
                          + "\n".join(detection.markdown_detection(
-                             summary, "other episodes of the same relations")) + "\n")
+                             summary, "other episodes of the same relations")
+                                     + shots.markdown(summary["shots"])) + "\n")
             rows = [[k] + [f"{c[s]['diff']:+.2f} ± {_ci(c[s]):.2f}" if s in c else "–"
                            for s in params.settings]
                     for k, c in summary["vs_floor"].items()]
@@ -265,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                   methods=methods or None, episodes=params.episodes,
                                   listed=table.column("relation").to_pylist(),
                                   workers=base.workers, descriptions=descriptions,
-                                  nota=spec.nota, cluster=args.cluster)
+                                  nota=spec.nota, unequal=spec.unequal, cluster=args.cluster)
             results.setdefault(name, {})[bench] = out["summary"]
     if not results:
         raise PipelineError(f"no benchmark has models under {args.models}; run dvc repro train")

@@ -41,12 +41,14 @@ def project_params(**sections: dict) -> dict:
     """The project's params.yaml with some sections' keys overridden (values are merged).
 
     The ``comparison`` section's methods are left out unless ``sections`` names them: they
-    would train and be scored beside every toy model of every test.
+    would train and be scored beside every toy model of every test; so are the unequal-shot
+    settings of ``evaluate`` (toy splits have too few relations for their ways).
     """
     import yaml
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["comparison"]["methods"] = []
+    params["evaluate"]["unequal_settings"] = []
     return merged(params, sections)
 
 

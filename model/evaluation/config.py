@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model.episodes import Setting
+from model.evaluation.shots import UnequalSetting
 from model.methods import registry
 from pipeline.config import DEVICE_FIELD, field, register_section
 
@@ -46,6 +47,10 @@ class EvalConfig:
         workers: processes that score models at once, ``threads`` threads each (forked; on
             the CPU only). Every split (or share of its methods) encodes its own sentences
             from an empty cache, so the numbers are the same whatever the count.
+        unequal_settings: ``{N}w{a}-{b}s`` settings whose ways have a to b shots each; each
+            also brings its ``_cut1`` twin and its ``_step`` protocol
+            (:mod:`model.evaluation.shots`).
+        unequal_episodes: test episodes per unequal setting, twin and step set, and split.
     """
 
     methods: tuple[str, ...] = field(doc="trained methods to evaluate (each needs "
@@ -87,7 +92,17 @@ class EvalConfig:
                                    "methods), `threads` threads each; the numbers are the same "
                                    "whatever the count")
 
+    unequal_settings: tuple[str, ...] = field(
+        doc="{N}w{a}-{b}s settings, each way with a to b shots drawn uniformly; each also "
+            "scores its _cut1 twin (the same episodes, one sentence per way) and its _step "
+            "protocol (one way with b sentences, the others a)")
+    unequal_episodes: int = field(ge=1, doc="test episodes per unequal setting, twin and step "
+                                            "protocol, and split (fewer than episodes: they "
+                                            "cost repro time)")
+
     def __post_init__(self) -> None:
+        for s in self.unequal_settings:
+            UnequalSetting.parse(s)
         if not self.settings:
             raise ValueError("evaluate.settings is empty; list at least one setting, e.g. "
                              "[5w1s, 5w5s]")

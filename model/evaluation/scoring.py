@@ -87,6 +87,7 @@ def score_episodes(
     relation_rows: torch.Tensor,
     batch_size: int = 250,
     generator: torch.Generator | None = None,
+    shots: np.ndarray | None = None,
 ) -> tuple[np.ndarray, EpisodeScores]:
     """Predictive log-probabilities of every query, computed from cached encodings, and
     every uncertainty score of every query.
@@ -104,10 +105,13 @@ def score_episodes(
         relation_rows: graph row of each sampler relation (-1 unknown; ignored without prior).
         batch_size: episodes per forward pass.
         generator: seeds the posterior samples of a head that samples at evaluation.
+        shots: each way's count when they differ (see
+            :func:`model.episodes.log_predictive_batches`).
 
     Shapes:
         encodings: (n, D), relation: (B, N), support: (B, N, K), query: (B, Q),
-        label: (B, Q) -> log-probabilities (B, Q, N) and scores of (B, Q)
+        label: (B, Q), shots: (B, N) or None
+        -> log-probabilities (B, Q, N) and scores of (B, Q)
     """
     parts: list[np.ndarray] = []
     scores: dict[str, list[np.ndarray]] = {}
@@ -117,7 +121,8 @@ def score_episodes(
     bar = tqdm(total=batches, desc="episodes", unit="batch", leave=False,
                disable=None if batches >= PROGRESS_BATCHES else True)
     for logits in log_predictive_batches(head, encodings, relation, support, query,
-                                         relation_rows, batch_size, generator, samples=True):
+                                         relation_rows, batch_size, generator, samples=True,
+                                         shots=shots):
         bar.update()
         log_p = mc_log_probs(logits)
         parts.append(log_p.float().cpu().numpy())

@@ -38,6 +38,7 @@ from model.evaluation.scoring import (
     scores_from_log_probs,
     selective_accuracy,
 )
+from model.evaluation.shots import UnequalSetting, sample_unequal, step_share
 from model.evaluation.support_noise import (
     NoisyEpisodes,
     detection_of_wrong,
@@ -145,6 +146,13 @@ class SplitEpisodes:
             cfg.noisy: plant_wrong(
                 self.test, _first(self.plain[cfg.noisy], cfg.noisy_episodes),
                 np.random.default_rng([cfg.seed, split_index, 4000 + self.key(cfg.noisy)]))}
+        #: Further test episode sets by name, scored for accuracy and calibration only
+        #: (:meth:`score_extra`): the unequal-shot ones (:mod:`model.evaluation.shots`).
+        self.extra: dict[str, Episodes] = {}
+        for i, name in enumerate(cfg.unequal_settings):
+            self.extra.update(sample_unequal(
+                self.test, UnequalSetting.parse(name), [cfg.seed, split_index, 6000 + i],
+                cfg.queries, cfg.unequal_episodes))
         self.table, self.val = test, None
         #: Descriptions of relations outside a model's graph, read with their names by a prior
         #: with ``descriptions: true`` (a user's relations file; empty: names only).
@@ -216,6 +224,7 @@ class SplitEpisodes:
         out.nota_val = {k: [_first(e, n) for e in v] for k, v in self.nota_val.items()}
         out.calib = {k: _first(e, n) for k, e in self.calib.items()}
         out.noisy = {k: _first(e, n) for k, e in self.noisy.items()}
+        out.extra = {k: _first(e, n) for k, e in self.extra.items()}
         return out
 
     def names(self) -> dict[str, str | None]:
@@ -307,7 +316,29 @@ class SplitEpisodes:
         for name in settings:
             if name in self.noisy:
                 cells[noisy_name(name)] = self._noisy(head, test_enc, test_rows, name, bins)
-        return cells, nota
+        return cells | self.score_extra(head, test_enc, test_rows, bins), nota
+
+    def score_extra(self, head: torch.nn.Module, enc: torch.Tensor, rows: torch.Tensor,
+                    bins: int) -> dict[str, Any]:
+        """Cells of the further episode sets (:attr:`extra`) a head can score: those with a
+        shot per way (a step set's cell also has its per-episode ``share``).
+
+        Args:
+            head: the method's head, in eval mode.
+            enc: encodings of the test sentences.
+            rows: graph rows of the test relations.
+            bins: calibration bins.
+        """
+        cells = {}
+        for i, (name, ep) in enumerate(self.extra.items()):
+            query, label = flat_queries(ep.query)
+            _, scores = score_episodes(
+                head, enc, ep.relation, ep.support, query, label, rows, self.cfg.batch_episodes,
+                _generator(enc.device, self.cfg.seed, self.index, 5000 + i), ep.shots)
+            cells[name] = cell(scores, bins)
+            if ep.shots is not None and name.endswith("_step"):
+                cells[name]["share"] = step_share(scores.prediction, ep.shots)
+        return cells
 
     def _noisy(self, head: torch.nn.Module, enc: torch.Tensor, rows: torch.Tensor, name: str,
                bins: int) -> dict[str, Any]:
@@ -344,4 +375,5 @@ class SplitEpisodes:
 def _first(episodes: Any, n: int) -> Any:
     """The first ``n`` episodes of an :class:`Episodes` or :class:`NotaEpisodes`."""
     return dataclasses.replace(episodes, **{f.name: getattr(episodes, f.name)[:n]
-                                            for f in dataclasses.fields(episodes)})
+                                            for f in dataclasses.fields(episodes)
+                                            if getattr(episodes, f.name) is not None})

@@ -27,6 +27,8 @@ import torch
 from model.encoder.frozen_cache import LowerCache
 from model.episodes import Setting
 from model.evaluation.config import EvalConfig
+from model.evaluation.shots import UnequalSetting
+from model.evaluation.shots import summarise as summarise_shots
 from model.evaluation.split_episodes import SplitEpisodes
 from model.evaluation.splits import FLOOR, evaluate_episodes, merge_shares, method_shares
 from model.files.checkpoint import MODEL_FILE, model_file, read_checkpoint
@@ -123,7 +125,8 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
                 episodes: int | None = None, keep_trained: bool = False,
                 listed: Iterable[str] = (), workers: int = 1,
                 descriptions: Mapping[str, str | None] | None = None,
-                nota: bool = False, cluster: str | None = None) -> dict[str, Any]:
+                nota: bool = False, unequal: bool = False, cluster: str | None = None
+                ) -> dict[str, Any]:
     """Score every method trained on every split under ``models`` on ``table``.
 
     Args:
@@ -145,6 +148,8 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
             ``base.nota_settings`` among ``settings``) and fit temperatures; the data has no
             validation relations, so thresholds, temperatures and best uncertainty scores are
             chosen on other episodes of the same relations.
+        unequal: also score ``base.unequal_settings`` (:mod:`model.evaluation.shots`) whose
+            ways the data has enough relations for.
         cluster: a Dask scheduler's address to score on (None: this machine).
 
     Returns:
@@ -189,10 +194,15 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
         nota_settings=tuple(s for s in base.nota_settings
                             if nota and s in {x.name for x in settings}),
         nota_episodes=episodes or base.episodes,
-        temperature_episodes=base.temperature_episodes if nota else 0, noisy_setting="")
-    needed = max(s.shots for s in settings) + cfg.queries
+        temperature_episodes=base.temperature_episodes if nota else 0, noisy_setting="",
+        unequal_settings=())
+    unequal_settings = [UnequalSetting.parse(s) for s in base.unequal_settings] if unequal else []
+    needed = max(*(s.shots for s in settings), *(u.high for u in unequal_settings)
+                 ) + cfg.queries
     table, relations = sort_relations(table, needed, trained, keep_trained, listed)
     usable = len(relations["relations_scored"])
+    cfg = dataclasses.replace(cfg, unequal_settings=tuple(
+        u.name for u in unequal_settings if u.ways <= usable))
     too_many = [s.name for s in settings if s.ways > usable]
     if too_many:
         raise PipelineError(
@@ -227,6 +237,7 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
     summary["relations"] = relations
     summary["priors"] = priors
     summary["vs_floor"] = vs_floor(per_split)
+    summary["shots"] = summarise_shots(per_split, cfg.unequal_settings)
     return {"summary": summary, "methods": everywhere, "cfg": cfg, "sentences": table.num_rows,
             "needed": needed}
 

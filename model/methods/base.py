@@ -12,6 +12,8 @@ A method module imports this module, :class:`~model.methods.registry.Method` and
 * :class:`SampledPrototypeHead`, :func:`gaussian_samples`: prototype samples compared to
   the queries (``versa``, ``bmaml``).
 * :func:`require_shots`, :func:`episode_chunks`: refusing K = 0, scoring in chunks.
+* ways with unequal shots (a padded support and per-way counts) are scored in one call by
+  :func:`~model.posterior.shots.head_logits` (:mod:`model.posterior.shots`).
 
 Shapes:
     B episodes, S samples, N ways, K shots, Q queries, D encoding size (see :mod:`model`).
@@ -26,7 +28,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from model.posterior.logits import prototype_logits, similarity_logits
+from model.posterior.logits import prototype_logits
+from model.posterior.shots import head_logits, scored_prototypes, shot_counts, support_mean
 from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -46,9 +49,11 @@ class Head(Protocol):
 
     #: The graph prior (None for methods without one).
     prior: GraphPrior | None
-    #: Whether one way's prototype depends on other ways' support (then unequal K cannot be
-    #: split into groups of equal K at prediction time).
+    #: Whether one way's prototype depends on other ways' support.
     couples_ways: bool
+    #: Whether ``sample_logits`` takes ``shots`` (per-way counts of a padded support); a head
+    #: without it gets unequal shots oversampled to equal ones (:func:`head_logits`).
+    unequal_shots: bool
 
     def prior_states(self) -> torch.Tensor | None:
         """Prior means of every graph relation, computed once per evaluation (or None)."""
@@ -153,15 +158,16 @@ class PredictiveHead(nn.Module):
         return None
 
     def log_predictive(self, support: torch.Tensor, query: torch.Tensor,
-                       h: torch.Tensor | None = None, generator: torch.Generator | None = None
-                       ) -> torch.Tensor:
+                       h: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                       shots: torch.Tensor | None = None) -> torch.Tensor:
         """``log (1/S) sum_s softmax(logits_s)`` over the samples of :meth:`sample_logits`;
         with one sample (S = 1) the log-softmax of its logits, exactly.
 
         Shapes:
-            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) or None -> (B, Q, N)
+            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) or None,
+            shots: (B, N) or None -> (B, Q, N)
         """
-        return mc_log_predictive(self.sample_logits(support, query, h, generator))
+        return mc_log_predictive(head_logits(self, support, query, h, generator, shots))
 
 
 class PriorFreeHead(PredictiveHead):
@@ -172,6 +178,7 @@ class PriorFreeHead(PredictiveHead):
 
     prior = None
     couples_ways = False
+    unequal_shots = False
 
     def prior_states(self) -> None:
         return None
@@ -181,24 +188,30 @@ class PriorFreeHead(PredictiveHead):
 
 
 class PrototypeHead(PriorFreeHead):
-    """Prototype = mean support encoding; softmax over ``sim / T``."""
+    """Prototype = mean support encoding; softmax over ``sim / T``, ways with unequal shots
+    scored as ``scoring`` says (:func:`scored_prototypes`)."""
 
-    def __init__(self, similarity: str, temperature: float) -> None:
+    unequal_shots = True
+
+    def __init__(self, similarity: str, temperature: float, scoring: str = "mean") -> None:
         super().__init__()
         self.similarity = similarity
         self.temperature = temperature
+        self.scoring = scoring
 
     def sample_logits(self, support: torch.Tensor, query: torch.Tensor,
-                      h: torch.Tensor | None = None, generator: torch.Generator | None = None
-                      ) -> torch.Tensor:
+                      h: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                      shots: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of every query against the prototypes, as one "sample" (S = 1).
 
         Shapes:
-            support: (B, N, K, D), query: (B, Q, D) -> (B, 1, Q, N)
+            support: (B, N, K, D), query: (B, Q, D), shots: (B, N) or None -> (B, 1, Q, N)
         """
         require_shots(support, "a prototype baseline")
-        v = support.mean(2)  # (B, N, D)
-        return similarity_logits(query, v, self.similarity, self.temperature)[:, None]
+        v = support_mean(support, shots)  # (B, N, D)
+        spread = 1.0 / shot_counts(support, shots)
+        return scored_prototypes(query, v, support, shots, spread, self.scoring,
+                                 self.similarity, self.temperature)[:, None]
 
 
 def gaussian_samples(mean: torch.Tensor, std: torch.Tensor, samples: int,

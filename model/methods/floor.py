@@ -19,6 +19,7 @@ from torch.nn import functional
 
 from model.encoder.sentence import EncoderConfig, SentenceEncoder
 from model.methods.base import PrototypeHead
+from model.posterior.shots import support_mean
 
 
 class CosinePrototypeHead(PrototypeHead):
@@ -33,14 +34,15 @@ class CosinePrototypeHead(PrototypeHead):
         query: torch.Tensor,
         h: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        shots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Cosine logits of every query against the prototypes, as one "sample" (S = 1).
 
         Shapes:
-            support: (B, N, K, D), query: (B, Q, D) -> (B, 1, Q, N)
+            support: (B, N, K, D), query: (B, Q, D), shots: (B, N) or None -> (B, 1, Q, N)
         """
         unit = functional.normalize(support, dim=-1)  # (B, N, K, D)
-        v = functional.normalize(unit.mean(2), dim=-1)  # (B, N, D)
+        v = functional.normalize(support_mean(unit, shots), dim=-1)  # (B, N, D)
         x = functional.normalize(query, dim=-1)  # (B, Q, D)
         return super().sample_logits(v[:, :, None], x)
 

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 def _prototypes(config: RegrabConfig, graph: RelationGraph | None, dim: int
                 ) -> PrototypeHead:
-    return PrototypeHead(config.langevin.similarity, config.langevin.temperature)
+    return PrototypeHead(config.langevin.similarity, config.langevin.temperature,
+                         config.langevin.prototype_scoring)
 
 
 METHODS = (

@@ -35,6 +35,12 @@ from torch import nn
 from model.methods.base import PredictiveHead
 from model.methods.registry import Method
 from model.posterior.logits import similarity_logits
+from model.posterior.shots import (
+    pooled_scatter,
+    scored_prototypes,
+    shot_counts,
+    support_sum,
+)
 from model.prior.gcn import GraphPrior, GraphPriorConfig
 from model.prior.graph import RelationGraph
 from pipeline.errors import PipelineError
@@ -90,17 +96,34 @@ class LabelPrior(GraphPrior):
         self.base.copy_(mean)
 
 
+def support_mean_or(support: torch.Tensor, shots: torch.Tensor | None, h: torch.Tensor
+                    ) -> torch.Tensor:
+    """Each way's support mean, ``h`` for a way without shots.
+
+    Shapes:
+        support: (B, N, K, D), shots: (B, N) or None, h: (B, N, D) -> (B, N, D)
+    """
+    k = shot_counts(support, shots)
+    total = support_sum(support, shots)
+    if isinstance(k, int):
+        return total / k
+    return torch.where(k > 0, total / k.clamp(min=1), h)
+
+
 class ProtoLabelHead(PredictiveHead):
     """Support mean and label mean combined with a learned weight; softmax over ``sim / T``
     (:meth:`log_predictive`, with one "sample")."""
 
     couples_ways = False
+    unequal_shots = True
 
-    def __init__(self, prior: LabelPrior, similarity: str, temperature: float) -> None:
+    def __init__(self, prior: LabelPrior, similarity: str, temperature: float,
+                 scoring: str = "mean") -> None:
         super().__init__()
         self.prior = prior
         self.similarity = similarity
         self.temperature = temperature
+        self.scoring = scoring
         #: w, the label's weight in shots (clamped at 0 when used).
         self.label_weight = nn.Parameter(torch.tensor(1.0))
 
@@ -120,30 +143,64 @@ class ProtoLabelHead(PredictiveHead):
         h = states[rows.clamp(min=0)]  # (B, N, D)
         return torch.where((rows < 0)[..., None], self.prior.fallback.expand_as(h), h)
 
-    def prototypes(self, support: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """``v = (K m + w h) / (K + w)``; the label mean alone when K = 0.
+    def prototypes(self, support: torch.Tensor, h: torch.Tensor,
+                   shots: torch.Tensor | None = None) -> torch.Tensor:
+        """``v = (k m + w h) / (k + w)`` with each way's own k; the label mean alone when
+        k = 0 (and ``w = 0``).
 
         Shapes:
-            support: (B, N, K, D), h: (B, N, D) -> (B, N, D)
+            support: (B, N, K, D), h: (B, N, D), shots: (B, N) or None -> (B, N, D)
         """
-        k = support.shape[2]
+        k = shot_counts(support, shots)
         w = self.label_weight.clamp(min=0)
-        if k == 0:
+        if isinstance(k, int) and k == 0:
             return h
-        return (support.sum(2) + w * h) / (k + w)
+        v = (support_sum(support, shots) + w * h) / (k + w).clamp(min=1e-12)
+        if not isinstance(k, int):
+            v = torch.where(k > 0, v, h)  # a way with no shots has its label mean alone
+        return v
 
     def sample_logits(self, support: torch.Tensor, query: torch.Tensor,
-                      h: torch.Tensor | None, generator: torch.Generator | None = None
-                      ) -> torch.Tensor:
-        """Logits of every query against the prototypes, as one "sample" (S = 1).
+                      h: torch.Tensor | None, generator: torch.Generator | None = None,
+                      shots: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of every query against the prototypes, as one "sample" (S = 1), scored as
+        ``scoring`` says (:func:`~model.methods.base.scored_prototypes`; the sampling noise of
+        ``v`` is ``k / (k + w)^2`` of an encoding's, and a way without shots keeps its label
+        mean as it is).
 
         Shapes:
-            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) -> (B, 1, Q, N)
+            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D), shots: (B, N) or None
+            -> (B, 1, Q, N)
         """
         if h is None:
             raise PipelineError("proto_label needs the ways' label means (h)")
-        v = self.prototypes(support, h)  # (B, N, D)
-        return similarity_logits(query, v, self.similarity, self.temperature)[:, None]
+        v = self.prototypes(support, h, shots)  # (B, N, D)
+        if support.shape[2] == 0 or self.scoring == "mean":
+            return similarity_logits(query, v, self.similarity, self.temperature)[:, None]
+        k = shot_counts(support, shots)
+        w = self.label_weight.clamp(min=0)
+        spread = k / (k + w).square().clamp(min=1e-12)
+        if self.scoring == "normalised" and not isinstance(k, int):
+            # a way without shots has no encodings to take a length from: its mean as it is
+            v = torch.where(k > 0, v, h)
+        extra = None
+        if self.scoring == "unbiased":
+            # The label mean misses its relation's mean by E |h - mu|^2, estimated over the
+            # episode's ways from |m_r - h_r|^2 less the support mean's own noise; a way's
+            # prototype carries (w / (k + w))^2 of it.
+            scatter = pooled_scatter(support, shots)  # (B, 1, 1)
+            has = (k > 0) if not isinstance(k, int) else None
+            gap = (support_mean_or(support, shots, h) - h).pow(2).sum(-1, keepdim=True) \
+                - scatter / (k if isinstance(k, int) else k.clamp(min=1))  # (B, N, 1)
+            if has is not None:
+                gap = torch.where(has, gap, torch.zeros_like(gap))
+                ways = has.to(gap.dtype).sum(1, keepdim=True).clamp(min=1)
+            else:
+                ways = gap.shape[1]
+            miss = (gap.sum(1, keepdim=True) / ways).clamp(min=0)  # (B, 1, 1)
+            extra = (w / (k + w).clamp(min=1e-12)).square() * miss
+        return scored_prototypes(query, v, support, shots, spread, self.scoring,
+                                 self.similarity, self.temperature, extra)[:, None]
 
 
 def _proto_label(config: RegrabConfig, graph: RelationGraph | None, dim: int
@@ -152,7 +209,7 @@ def _proto_label(config: RegrabConfig, graph: RelationGraph | None, dim: int
         raise PipelineError("method proto_label reads the relation labels listed with the "
                             "graph; pass --graph, --features and --relations")
     return ProtoLabelHead(LabelPrior(config.prior, graph, dim), config.langevin.similarity,
-                          config.langevin.temperature)
+                          config.langevin.temperature, config.langevin.prototype_scoring)
 
 
 METHODS = (

@@ -27,6 +27,7 @@ from model.methods.base import mc_log_predictive
 from model.methods.registry import Method
 from model.posterior.langevin import LangevinConfig, LangevinSampler
 from model.posterior.logits import prototype_logits
+from model.posterior.shots import head_logits
 from model.posterior.target import heldout_scales, log_evidence
 from model.prior.gcn import GraphPrior
 from model.prior.graph import RelationGraph
@@ -52,6 +53,9 @@ class RegrabHead(nn.Module):
         # A softmax likelihood normalises over the ways, so each prototype's posterior
         # depends on every way's support; the gaussian one factorises per way.
         self.couples_ways = config.likelihood != "gaussian"
+        # The gaussian posterior takes each way's own count; the softmax ones get unequal
+        # shots oversampled (model.methods.base.head_logits).
+        self.unequal_shots = config.likelihood == "gaussian"
 
     def prior_states(self) -> torch.Tensor | None:
         """GCN output for the whole graph, computed once per step or evaluation.
@@ -86,12 +90,13 @@ class RegrabHead(nn.Module):
         query: torch.Tensor,
         h: torch.Tensor,
         generator: torch.Generator | None = None,
+        shots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Query logits under every posterior sample of the prototypes.
 
         Shapes:
-            support: (B, N, K, D) (K may be 0), query: (B, Q, D), h: (B, N, D)
-            -> (B, S, Q, N)
+            support: (B, N, K, D) (K may be 0), query: (B, Q, D), h: (B, N, D),
+            shots: (B, N) or None (each way's count of the padded support) -> (B, S, Q, N)
         """
         if support.shape[2] == 0 and self.prior is None:
             raise PipelineError(
@@ -102,7 +107,7 @@ class RegrabHead(nn.Module):
             # under noise of norm sqrt(D / lambda) (lambda starts at 1).
             return prototype_logits(query, h[:, None], self.config.similarity,
                                     self.config.temperature)
-        return self.sampler.sample_logits(support, query, h, generator)
+        return self.sampler.sample_logits(support, query, h, generator, shots)
 
     def evidence(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
         """Log marginal likelihood of labelled sentences per way; None unless the likelihood
@@ -136,13 +141,15 @@ class RegrabHead(nn.Module):
         query: torch.Tensor,
         h: torch.Tensor,
         generator: torch.Generator | None = None,
+        shots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """MC estimate of ``log p(y_q = n | x_q, x_S, y_S, G)`` for every query and way.
 
         Shapes:
-            support: (B, N, K, D) (K may be 0), query: (B, Q, D), h: (B, N, D) -> (B, Q, N)
+            support: (B, N, K, D) (K may be 0), query: (B, Q, D), h: (B, N, D),
+            shots: (B, N) or None -> (B, Q, N)
         """
-        return mc_log_predictive(self.sample_logits(support, query, h, generator))
+        return mc_log_predictive(head_logits(self, support, query, h, generator, shots))
 
 
 def _regrab(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> RegrabHead:

@@ -2,11 +2,13 @@
 
 Modules:
     target: the posterior target as pure functions: its gradient, its closed-form Gaussian,
-        the evidence and the empirical-Bayes scales.
-    langevin: the posterior and sampler settings (:class:`LangevinConfig`), one SGLD step and
-        the sampler around it (:class:`LangevinSampler`).
-    logits: similarities of query encodings with prototypes, and cheap draws of a Gaussian
-        sample's logits.
+        the evidence, the empirical-Bayes scales, the chain's start and one SGLD step.
+    langevin: the posterior and sampler settings (:class:`LangevinConfig`) and the sampler
+        (:class:`LangevinSampler`).
+    logits: similarities of query encodings with prototypes, cheap draws of a Gaussian
+        sample's logits, and the shift to the posterior predictive.
+    shots: ways with unequal shots: a padded support with per-way counts, scored in one call,
+        and the prototype baselines' fair scores of it.
     suspicion: how unlikely a support sentence's label is given the rest of the support
         (leave-one-out posterior predictive, or a leave-one-out prototype).
 """

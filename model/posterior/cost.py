@@ -16,8 +16,8 @@ import dataclasses
 
 import torch
 
-from model.posterior.langevin import LangevinConfig, chain_coefficients, langevin_step
-from model.posterior.target import log_posterior_grad
+from model.posterior.langevin import LangevinConfig, chain_coefficients
+from model.posterior.target import langevin_step, log_posterior_grad
 from pipeline.budget import seconds_per_call
 
 #: Steps of the ``gaussian`` recurrence timed before extrapolating (milliseconds).

@@ -34,15 +34,13 @@ chain). With K = 0 there is no support: the ``gaussian`` posterior is the prior,
 ``N(h_r, lambda^-1 I)``, and is sampled; the softmax likelihoods keep the paper's ``v = h``.
 At evaluation those Gaussian samples are not drawn in all D dimensions: a query's logits see
 a sample only in the span of the means, along the query's own direction and through its
-norm, so :meth:`LangevinSampler.sample_logits` draws just that
-(:func:`model.posterior.logits.gaussian_sample_logits`; each query's logits have the law of scoring
-full samples, tested).
+norm, so :meth:`LangevinSampler.sample_logits` draws just that (each query's logits have the
+law of scoring full samples, tested).
 
 Everything is differentiable with respect to the support encodings, h, lambda and sigma^2,
 so training reaches the encoder, the GCN and (``scales: learned``) the scales through the
-samples. The target's pure functions (its gradient, the closed-form Gaussian posterior, the
-evidence and the empirical-Bayes scales) are in :mod:`model.posterior.target`; this module
-holds the settings, the chain's start and step, and the sampler around them.
+samples. The target's pure functions (gradient, closed-form posterior, evidence, scales, the
+chain's start and step) are in :mod:`model.posterior.target`.
 
 Shapes:
     B episodes, S samples, N ways, K shots, Q queries, D encoding size.
@@ -57,8 +55,15 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from model.posterior.logits import gaussian_sample_logits, prototype_logits
-from model.posterior.target import gaussian_posterior, log_posterior_grad, way_precision
+from model.posterior.logits import gaussian_sample_logits, predictive_shift, prototype_logits
+from model.posterior.target import (
+    gaussian_posterior,
+    init_prototypes,
+    langevin_step,
+    log_posterior_grad,
+    preconditioner,
+    way_precision,
+)
 from pipeline.config import field
 
 Likelihood = Literal["gaussian", "softmax", "softmax_mean"]
@@ -106,6 +111,10 @@ class LangevinConfig:
             samples for its gradient; the predictive of a scored episode is a Monte Carlo
             average, and more samples estimate the same average with less noise (REGRAB's
             chains and Versa's draws; BMAML's interacting particles stay ``samples``).
+        predictive, predictive_dims: REGRAB's scores at evaluation and prediction
+            (:func:`~model.posterior.logits.predictive_shift`, docs/model.md#unequal-shots).
+        prototype_scoring: the prototype baselines' scores of unequal shots
+            (:func:`model.methods.base.scored_prototypes`).
     """
 
     samples: int = field(ge=1, le=10_000,
@@ -148,6 +157,23 @@ class LangevinConfig:
                                   "samples estimate the same predictive average with less "
                                   "noise")
 
+    predictive: Literal["samples", "gaussian"] = field(
+        doc="REGRAB's scores at evaluation and prediction: samples (the average of the "
+            "samples' softmax, a way with fewer shots pays D s^2 / 2T) or gaussian (the "
+            "samples centred on the posterior predictive log N(q; m_r, (sigma^2 + s_r^2) I), "
+            "scaled by sigma^2 / T: fair to ways with unequal shots)")
+    predictive_dims: float = field(
+        gt=0, le=1,
+        doc="with predictive: gaussian, the share of the D dimensions in the predictive's "
+            "-D/2 log(sigma^2 + s_r^2) term: the encodings' within-relation scatter fills "
+            "far fewer than D directions, and counting all of them over-penalises a way with "
+            "fewer shots (1: the isotropic model); chosen on validation relations")
+    prototype_scoring: Literal["mean", "normalised", "unbiased"] = field(
+        doc="how proto, mtb and proto_label score ways with unequal shots: mean (plain), "
+            "normalised (each prototype at its encodings' length) or unbiased (the squared "
+            "distance less its prototype's sampling noise, tr Sigma / k_r, pooled over the "
+            "episode; balanced episodes score as mean)")
+
     def draws(self, training: bool) -> int:
         """Independent samples per episode: ``samples`` in training, ``eval_samples`` (when
         set) at evaluation."""
@@ -162,51 +188,8 @@ class LangevinConfig:
             )
 
 
-def init_prototypes(
-    support: torch.Tensor, h: torch.Tensor, prior_weight: float, mean_weight: float
-) -> torch.Tensor:
-    """Starting point ``m_r + a * h_r - b * m`` (appendix A).
-
-    Shapes:
-        support: (B, N, K, D), h: (B, N, D) -> (B, N, D)
-    """
-    m_r = support.mean(2)  # (B, N, D)
-    m = support.mean((1, 2))[:, None, :]  # (B, 1, D)
-    return m_r + prior_weight * h - mean_weight * m
-
-
-def preconditioner(shots: int, likelihood: str, precision: torch.Tensor | float,
-                   variance: torch.Tensor | float) -> torch.Tensor | float:
-    """P of the update: the exact posterior variance for ``gaussian``, else 1."""
-    if likelihood != "gaussian":
-        return 1.0
-    return 1.0 / (precision + shots / variance)
-
-
-def langevin_step(
-    v: torch.Tensor,
-    grad: torch.Tensor,
-    step_size: float,
-    precond: torch.Tensor | float,
-    noise: torch.Tensor | None,
-) -> torch.Tensor:
-    """One SGLD update ``v + eps/2 * P grad + sqrt(eps P) z`` (pure: no state, no sampling).
-
-    Shapes:
-        v, grad, noise: (B, S, N, D) -> (B, S, N, D)
-    """
-    v = v + 0.5 * step_size * precond * grad
-    if noise is not None:
-        scale = (math.sqrt(step_size * precond) if isinstance(precond, float)
-                 else torch.sqrt(step_size * precond))
-        v = v + scale * noise
-    return v
-
-
 def chain_coefficients(cfg: LangevinConfig) -> tuple[float, float, int]:
-    """``(c, spread, steps run)`` of the ``gaussian`` chain after ``cfg.steps`` steps
-    (:meth:`LangevinSampler.chain_law`); it stops at a fixed point of the recurrence, with the
-    numbers ``cfg.steps`` steps give bit for bit (10^9 steps cost about a thousand)."""
+    """``(c, spread, steps run)`` of the ``gaussian`` chain, stopped at a fixed point (exact)."""
     c, spread, eps = 1.0, 0.0, cfg.step_size
     for done in range(cfg.steps):
         state = (c * (a := 1.0 - 0.5 * eps), spread * a * a + eps, eps * cfg.step_decay)
@@ -261,19 +244,20 @@ class LangevinSampler(nn.Module):
         self.log_precision.fill_(math.log(precision))
         self.log_variance.fill_(math.log(variance))
 
-    def support_precision(self, support: torch.Tensor, h: torch.Tensor
-                          ) -> torch.Tensor | float:
+    def support_precision(self, support: torch.Tensor, h: torch.Tensor,
+                          shots: torch.Tensor | None = None) -> torch.Tensor | float:
         """lambda, or with ``prior_trust: evidence`` each episode's (:func:`way_precision`).
 
         Shapes:
-            support: (B, N, K, D) with K >= 1, h: (B, N, D) -> scalar or (B, 1, 1)
+            support: (B, N, K, D) with K >= 1, h: (B, N, D), shots: (B, N) or None
+            -> scalar or (B, 1, 1)
         """
         if self.config.prior_trust == "evidence" and self.config.likelihood == "gaussian":
-            return way_precision(support, h, self.precision, self.variance)
+            return way_precision(support, h, self.precision, self.variance, shots)
         return self.precision
 
-    def chain_law(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def chain_law(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor,
+                  shots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and spread of the chain's end state on the ``gaussian`` target.
 
         There the update is ``v <- v - eps/2 (v - mu) + sqrt(eps s^2) z`` (the gradient is
@@ -282,16 +266,18 @@ class LangevinSampler(nn.Module):
         ``s^2 sum_t eps_t prod_(u > t) (1 - eps_u / 2)^2``.
 
         Shapes:
-            v0, h: (B, N, D), support: (B, N, K, D) -> mean (B, N, D), std (B, N, 1)
+            v0, h: (B, N, D), support: (B, N, K, D), shots: (B, N) or None
+            -> mean (B, N, D), std (B, N, 1)
         """
         cfg = self.config
-        mu, s2 = gaussian_posterior(support, h, self.support_precision(support, h),
-                                    self.variance)
+        mu, s2 = gaussian_posterior(support, h, self.support_precision(support, h, shots),
+                                    self.variance, shots)
         c, spread, _ = chain_coefficients(cfg)
         return mu + c * (v0 - mu), (s2 * spread).sqrt()
 
     def gaussian_chain(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor,
-                       samples: int, draw: Any) -> torch.Tensor:
+                       samples: int, draw: Any, shots: torch.Tensor | None = None
+                       ) -> torch.Tensor:
         """The state after ``steps`` preconditioned SGLD steps on the ``gaussian`` target.
 
         Drawing it once from :meth:`chain_law` gives the chain's end state exactly in law, at
@@ -302,13 +288,13 @@ class LangevinSampler(nn.Module):
         Shapes:
             v0, h: (B, N, D), support: (B, N, K, D) -> (B, S, N, D)
         """
-        mean, std = self.chain_law(v0, support, h)
+        mean, std = self.chain_law(v0, support, h, shots)
         v = mean[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
         if draw is None or not bool((std > 0).any()):
             return v
         return torch.addcmul(v, std[:, None], draw(v.shape))
 
-    def law(self, support: torch.Tensor, h: torch.Tensor
+    def law(self, support: torch.Tensor, h: torch.Tensor, shots: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Mean and spread of every sample when the samples are Gaussian and noisy; else None.
 
@@ -326,11 +312,12 @@ class LangevinSampler(nn.Module):
                 return None
             std = torch.as_tensor((1.0 / self.precision) ** 0.5, dtype=h.dtype, device=h.device)
             return h, std.expand(*h.shape[:2], 1)
-        v0 = init_prototypes(support, h, cfg.init_prior_weight, cfg.init_mean_weight)
-        return self.chain_law(v0, support, h)
+        v0 = init_prototypes(support, h, cfg.init_prior_weight, cfg.init_mean_weight, shots)
+        return self.chain_law(v0, support, h, shots)
 
     def sample_logits(self, support: torch.Tensor, query: torch.Tensor, h: torch.Tensor,
-                      generator: torch.Generator | None = None) -> torch.Tensor:
+                      generator: torch.Generator | None = None,
+                      shots: torch.Tensor | None = None) -> torch.Tensor:
         """Query logits under every sample; each query's have the law of scoring
         :meth:`forward`'s samples.
 
@@ -338,19 +325,27 @@ class LangevinSampler(nn.Module):
         sample is drawn (:func:`gaussian_sample_logits`), at a fraction of the cost of the
         D-dimensional samples. In training (the gradient would run through a QR
         decomposition) and for the other likelihoods, the samples are drawn and scored.
+        With ``predictive: gaussian`` (Euclidean similarity) each way's samples are centred on
+        its posterior predictive (:func:`predictive_shift`).
 
         Shapes:
-            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) -> (B, S, Q, N)
+            support: (B, N, K, D), query: (B, Q, D), h: (B, N, D), shots: (B, N) or None
+            -> (B, S, Q, N)
         """
         cfg = self.config
-        law = None if self.training else self.law(support, h)
+        law = None if self.training else self.law(support, h, shots)
         if law is not None:
             mean, std = law
             logits = gaussian_sample_logits(query, mean, std, cfg.draws(False),
                                             cfg.similarity, cfg.temperature, generator)
-            if logits is not None:
-                return logits
-        v = self(support, h, generator)  # (B, S, N, D)
+            if logits is None:
+                v = self(support, h, generator, shots)  # (B, S, N, D)
+                logits = prototype_logits(query, v, cfg.similarity, cfg.temperature)
+            if cfg.predictive == "gaussian" and cfg.similarity == "euclidean":
+                logits = logits + predictive_shift(query, mean, std, float(self.variance),
+                                                   cfg.temperature, cfg.predictive_dims)
+            return logits
+        v = self(support, h, generator, shots)  # (B, S, N, D)
         return prototype_logits(query, v, cfg.similarity, cfg.temperature)
 
     def noisy(self) -> bool:
@@ -361,13 +356,15 @@ class LangevinSampler(nn.Module):
         support: torch.Tensor,
         h: torch.Tensor,
         generator: torch.Generator | None = None,
+        shots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the chains; noise follows ``noise_train``/``noise_eval`` and ``self.training``.
 
         Without noise every chain is identical, so one chain is run and S collapses to 1.
+        ``shots`` (per-way counts of a padded support) needs the ``gaussian`` likelihood.
 
         Shapes:
-            support: (B, N, K, D), h: (B, N, D) -> (B, S, N, D)
+            support: (B, N, K, D), h: (B, N, D), shots: (B, N) or None -> (B, S, N, D)
         """
         cfg = self.config
         noisy = self.noisy()
@@ -384,9 +381,12 @@ class LangevinSampler(nn.Module):
             # The posterior is the prior N(h, lambda^-1 I): sample it.
             v = h[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
             return v + draw(v.shape) * (1.0 / lam) ** 0.5
-        v0 = init_prototypes(support, h, cfg.init_prior_weight, cfg.init_mean_weight)
+        v0 = init_prototypes(support, h, cfg.init_prior_weight, cfg.init_mean_weight, shots)
         if cfg.likelihood == "gaussian":
-            return self.gaussian_chain(v0, support, h, samples, draw if noisy else None)
+            return self.gaussian_chain(v0, support, h, samples, draw if noisy else None, shots)
+        if shots is not None:
+            raise ValueError(f"per-way shot counts need the gaussian likelihood, not "
+                             f"{cfg.likelihood}; oversample the support to equal shots")
         v = v0[:, None].expand(-1, samples, -1, -1)  # (B, S, N, D)
         precond = preconditioner(k, cfg.likelihood, lam, var)
         eps = cfg.step_size

@@ -3,7 +3,8 @@
 :func:`similarity_logits` scores sentences against one set of prototypes, and
 :func:`prototype_logits` against S sampled sets at once. :func:`gaussian_sample_logits` draws
 the logits of S Gaussian samples ``v = mean + std z`` without drawing the D-dimensional
-samples (what REGRAB's predictive does at evaluation; :mod:`model.posterior.langevin`).
+samples (what REGRAB's predictive does at evaluation; :mod:`model.posterior.langevin`), and
+:func:`predictive_shift` centres them on the Gaussian posterior predictive.
 
 Shapes:
     B episodes, S samples, N ways, Q queries, D encoding size.
@@ -112,3 +113,33 @@ def gaussian_sample_logits(x: torch.Tensor, mean: torch.Tensor, std: torch.Tenso
     rest = 2.0 * torch._standard_gamma(dof, generator=generator)  # chi^2, D - N - 1 dof
     along = torch.randn((b, samples, n), **kw)
     return projected_logits(x, mean, std, basis, coords, along, rest, similarity, temperature)
+
+
+def predictive_shift(query: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
+                     variance: float, temperature: float, dims: float = 1.0) -> torch.Tensor:
+    """What moves each way's expected sample logit to its posterior predictive.
+
+    A sample ``v ~ N(m_r, s_r^2 I)`` scores a query ``-|q - v|^2 / 2T``, whose mean over
+    samples is ``-(|q - m_r|^2 + D s_r^2) / 2T``: the way's uncertainty is a penalty. Under the
+    Gaussian model a query of way r is ``N(m_r, (sigma^2 + s_r^2) I)``; its log density,
+    scaled by ``sigma^2 / T`` (so a way known exactly, s_r = 0, scores ``-|q - m_r|^2 / 2T`` as
+    a point estimate would), is
+
+        g_r(q) = -(sigma^2 / T) (|q - m_r|^2 / (2 (sigma^2 + s_r^2)) + D/2 log(sigma^2 + s_r^2)).
+
+    ``dims`` scales the D of the log term: real encodings scatter in far fewer than D
+    directions (isotropic sigma^2 is their mean over all D), and counting every dimension
+    there charges a way with fewer shots more than its queries' distances say.
+
+    The shift ``g_r(q) + (|q - m_r|^2 + D s_r^2) / 2T`` added to every sample's logits makes
+    their mean ``g_r(q)`` and keeps their spread.
+
+    Shapes:
+        query: (B, Q, D), mean: (B, N, D), std: (B, N, 1) -> (B, 1, Q, N)
+    """
+    d = query.shape[-1]
+    dist = (-2.0 * similarity_logits(query, mean, "euclidean", 1.0))  # |q - m|^2: (B, Q, N)
+    s2 = std[..., 0].square()[:, None, :]  # (B, 1, N)
+    wide = variance + s2
+    g = -(variance / temperature) * (dist / (2.0 * wide) + 0.5 * dims * d * torch.log(wide))
+    return (g + (dist + d * s2) / (2.0 * temperature))[:, None]

@@ -11,7 +11,9 @@ SGLD step follows. With the ``gaussian`` likelihood the posterior is Gaussian in
 (:func:`gaussian_posterior`), and two functions give empirical Bayes: the marginal likelihood
 of a way's sentences (:func:`log_evidence`, a training term) and a method-of-moments estimate
 of lambda and sigma^2 from relations the model was not trained on (:func:`heldout_scales`);
-:func:`way_precision` estimates an episode's prior precision from its own support.
+:func:`way_precision` estimates an episode's prior precision from its own support. The
+chain's start (:func:`init_prototypes`) and its preconditioned step (:func:`preconditioner`,
+:func:`langevin_step`) are here too.
 
 Nothing here keeps state or draws random numbers; the sampler that uses these,
 :class:`~model.posterior.langevin.LangevinSampler`, does.
@@ -22,6 +24,8 @@ Shapes:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from model.posterior.logits import similarity_logits
@@ -29,13 +33,24 @@ from model.posterior.logits import similarity_logits
 
 def gaussian_posterior(
     support: torch.Tensor, h: torch.Tensor, precision: torch.Tensor | float,
-    variance: torch.Tensor | float,
+    variance: torch.Tensor | float, shots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Closed-form posterior of the ``gaussian`` likelihood: mean and per-way variance.
 
+    ``shots`` gives each way its own count k_r of the padded support (a way with k_r = 0
+    keeps its prior); None: every way has K.
+
     Shapes:
-        support: (B, N, K, D), h: (B, N, D) -> mean (B, N, D), variance (B, N, 1)
+        support: (B, N, K, D), h: (B, N, D), shots: (B, N) or None
+        -> mean (B, N, D), variance (B, N, 1)
     """
+    if shots is not None:
+        mask = (torch.arange(support.shape[2], device=support.device)
+                < shots[..., None].to(support.device)).to(support.dtype)[..., None]
+        k = shots.to(device=h.device, dtype=h.dtype)[..., None]  # (B, N, 1)
+        var = 1.0 / (precision + k / variance)  # (B, N, 1): each way its own
+        mean = var * (precision * h + (support * mask).sum(2) / variance)
+        return mean, var
     k = support.shape[2]
     var = 1.0 / (precision + k / variance)  # scalar: every way has K shots
     mean = var * (precision * h + support.sum(2) / variance)  # (B, N, D)
@@ -132,7 +147,8 @@ def log_posterior_grad(
 
 
 def way_precision(support: torch.Tensor, h: torch.Tensor, precision: torch.Tensor | float,
-                  variance: torch.Tensor | float) -> torch.Tensor:
+                  variance: torch.Tensor | float, shots: torch.Tensor | None = None
+                  ) -> torch.Tensor:
     """The prior precision of an episode's ways from their support (``prior_trust: evidence``).
 
     Under the model a way's support mean satisfies ``E |m_r - h_r|^2 / D = 1/lambda +
@@ -142,11 +158,73 @@ def way_precision(support: torch.Tensor, h: torch.Tensor, precision: torch.Tenso
     priors that point away from their support lose their pull, priors as good as in training
     keep it. Every way of the episode gets the same ``lambda_e``: with Euclidean logits a way
     whose posterior were wider than the others' would lose every query by ``D s^2 / 2T`` on
-    average, whatever its prior said.
+    average, whatever its prior said. With ``shots`` each way's term uses its own k_r, and
+    ways without shots have no evidence to give (if no way has one, lambda stays).
 
     Shapes:
-        support: (B, N, K, D) with K >= 1, h: (B, N, D) -> (B, 1, 1)
+        support: (B, N, K, D) with K >= 1, h: (B, N, D), shots: (B, N) or None -> (B, 1, 1)
     """
     k, d = support.shape[2], support.shape[3]
-    gap = (support.mean(2) - h).pow(2).sum(-1).mean(1).view(-1, 1, 1) / d - variance / k
+    if shots is None:
+        gap = (support.mean(2) - h).pow(2).sum(-1).mean(1).view(-1, 1, 1) / d - variance / k
+        return 1.0 / torch.clamp(gap, min=1.0 / precision)
+    kr = shots.to(device=h.device, dtype=h.dtype)  # (B, N)
+    mask = (torch.arange(k, device=h.device) < shots[..., None].to(h.device)).to(h.dtype)
+    m = (support * mask[..., None]).sum(2) / kr.clamp(min=1)[..., None]  # (B, N, D)
+    has = (kr > 0).to(h.dtype)  # (B, N)
+    term = ((m - h).pow(2).sum(-1) / d - variance / kr.clamp(min=1)) * has
+    gap = (term.sum(1) / has.sum(1).clamp(min=1)).view(-1, 1, 1)
+    gap = torch.where(has.sum(1).view(-1, 1, 1) > 0, gap, torch.zeros_like(gap))
     return 1.0 / torch.clamp(gap, min=1.0 / precision)
+
+
+def init_prototypes(
+    support: torch.Tensor, h: torch.Tensor, prior_weight: float, mean_weight: float,
+    shots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Starting point ``m_r + a * h_r - b * m`` (appendix A); with ``shots`` (the padded
+    support's per-way counts) the means read the real shots only, and a way without shots
+    starts at ``h_r``.
+
+    Shapes:
+        support: (B, N, K, D), h: (B, N, D), shots: (B, N) or None -> (B, N, D)
+    """
+    if shots is None:
+        m_r = support.mean(2)  # (B, N, D)
+        m = support.mean((1, 2))[:, None, :]  # (B, 1, D)
+        return m_r + prior_weight * h - mean_weight * m
+    k = shots.to(device=h.device, dtype=h.dtype)[..., None]  # (B, N, 1)
+    mask = (torch.arange(support.shape[2], device=h.device)
+            < shots[..., None].to(h.device)).to(h.dtype)[..., None]
+    total = (support * mask).sum(2)  # (B, N, D)
+    m_r = torch.where(k > 0, total / k.clamp(min=1), h)
+    m = (total.sum(1) / k.sum(1).clamp(min=1))[:, None, :]  # (B, 1, D)
+    return m_r + prior_weight * h - mean_weight * m
+
+
+def preconditioner(shots: int, likelihood: str, precision: torch.Tensor | float,
+                   variance: torch.Tensor | float) -> torch.Tensor | float:
+    """P of the update: the exact posterior variance for ``gaussian``, else 1."""
+    if likelihood != "gaussian":
+        return 1.0
+    return 1.0 / (precision + shots / variance)
+
+
+def langevin_step(
+    v: torch.Tensor,
+    grad: torch.Tensor,
+    step_size: float,
+    precond: torch.Tensor | float,
+    noise: torch.Tensor | None,
+) -> torch.Tensor:
+    """One SGLD update ``v + eps/2 * P grad + sqrt(eps P) z`` (pure: no state, no sampling).
+
+    Shapes:
+        v, grad, noise: (B, S, N, D) -> (B, S, N, D)
+    """
+    v = v + 0.5 * step_size * precond * grad
+    if noise is not None:
+        scale = (math.sqrt(step_size * precond) if isinstance(precond, float)
+                 else torch.sqrt(step_size * precond))
+        v = v + scale * noise
+    return v

@@ -15,17 +15,16 @@ validation temperature). A query abstains ("none of these") by the rule of
 Sentences are :class:`~model.predict.sentences.Sentence` objects or what
 :func:`~model.predict.sentences.parse_sentence` reads (marked text, FewRel records, split columns).
 
-Support with unequal K per relation: the ways are run in groups of equal K and their logits
-joined. A prototype is then its own way's mean (proto, mtb), and REGRAB's ``gaussian``
-posterior factorises over the ways except through the group: ``prior_trust: evidence``
-estimates one prior precision per group, and a chain start with ``init_mean_weight != 0``
-uses the group's mean support encoding. Predictions lean towards the relations with more
-sentences (a mean of more encodings lies closer to every query, and a 1-shot way's wider
-posterior loses queries): on NYT-25, 5 ways with 2, 1, 1, 1, 1 sentences, proto sent 64% of
-the queries to the first relation and REGRAB 43%, against about 20% with 2 each. Give every
-relation the same number of sentences where you can. The ``softmax``
-likelihoods couple the ways through the support term, so there every way is cut to the
-smallest K (its first K sentences) and zero-shot ways cannot be mixed with few-shot ones.
+Support with unequal K per relation is one episode, as ``evaluate`` scores its unequal-shot
+settings: the support padded to the largest K with each way's count
+(:func:`model.methods.base.head_logits`). A prototype is its own way's mean (proto, mtb,
+proto_label, scored as ``prototype_scoring`` says), and REGRAB's
+``gaussian`` posterior gives each way the posterior of its own sentences; with ``predictive:
+gaussian`` its scores are the posterior predictive, whose per-way variance keeps a way with
+more sentences from drawing the queries (docs/model.md#unequal-shots). A head that needs
+equal K (the ``softmax`` likelihoods, the comparison methods) gets each way's sentences
+repeated in order up to the largest K (oversampling), and cannot mix zero-shot ways with
+few-shot ones.
 Prototype samples depend on the support and the seed only, so a query's result does not
 depend on which batch it comes in (beyond the encoder's float rounding of padded batches).
 
@@ -49,6 +48,7 @@ from model.files.loader import load_model
 from model.files.score_quantiles import ScoreQuantiles
 from model.files.suspicion_cutoff import SuspicionCutoff
 from model.methods.base import FewShotModel
+from model.posterior.shots import head_logits
 from model.predict.abstain import AbstainRule, check_request, make_rule
 from model.predict.sentences import parse_sentence, sentences_table
 from model.predict.summary import SupportSummary, unread_descriptions
@@ -218,7 +218,8 @@ class Predictor:
         self.support_noise = support_noise
         #: Each support sentence's suspicion and the flagged ones (:meth:`set_support`).
         self.support_check: SupportCheck | None = None
-        self._groups: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
+        #: The support as one padded episode: (1, N, K, D), h (1, N, D) or None, counts (1, N).
+        self._support: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike[str], device: str = "cpu",
@@ -304,25 +305,28 @@ class Predictor:
                     f"relation {r} has no support sentences, is not in the checkpoint's "
                     f"relation graph ({len(model.prior.relations)} relations) and has no name "
                     "to read, so nothing predicts it; give it support sentences or a name")
-        used, handling = self._plan(shots)
-        enc = self.encode([s for r, u in zip(relations, used, strict=True)
-                           for s in support[r][:u]])  # (sum K, D)
+        handling = self._plan(shots)
+        enc = self.encode([s for r in relations for s in support[r]])  # (sum K, D)
         states = head.prior_states()
         h = head.prior_means(states, rows[None].to(self.device))  # (1, N, D) or None
-        self.support_check = check_support(head, enc, used, h, relations, self.support_noise)
-        offsets = np.concatenate([[0], np.cumsum(used)])
-        self._groups = []
-        for k in sorted(set(used)):
-            ways = [n for n, u in enumerate(used) if u == k]
-            idx = torch.tensor([offsets[n] + j for n in ways for j in range(k)],
-                               dtype=torch.long, device=self.device)
-            sup = enc[idx].reshape(1, len(ways), k, enc.shape[-1])  # (1, N_k, K, D)
-            self._groups.append((ways, sup, None if h is None else h[:, ways]))
+        self.support_check = check_support(head, enc, shots, h, relations, self.support_noise)
+        offsets = np.concatenate([[0], np.cumsum(shots)])
+        top = max(shots)
+        # Each way's sentences, padded by repeating them in order (a way without any: zeros,
+        # masked out by its count of 0).
+        idx = [[offsets[n] + j % k if k else -1 for j in range(top)]
+               for n, k in enumerate(shots)]
+        sup = torch.zeros(1, len(relations), top, enc.shape[-1], device=self.device,
+                          dtype=enc.dtype)
+        for n, row in enumerate(idx):
+            if shots[n]:
+                sup[0, n] = enc[torch.tensor(row, dtype=torch.long, device=self.device)]
+        self._support = (sup, h, torch.tensor([shots], dtype=torch.long, device=self.device))
         priors = {} if model.prior is None else {r: model.prior.prior_kind(r)
                                                   for r in relations}
         texts = {} if model.prior is None else {r: model.prior.text_kind(r) for r in relations}
         notes = unread_descriptions(model, relations, given, said, texts)
-        self.summary = SupportSummary(relations, shots, used, zs, priors, handling,
+        self.summary = SupportSummary(relations, shots, shots, zs, priors, handling,
                                       notes=notes, texts=texts)
         self.abstain_rule()  # an abstain score this checkpoint lacks stops here
         return self.summary
@@ -336,24 +340,38 @@ class Predictor:
                          min(self.summary.used_shots), self.abstain_rate, self.abstain_score,
                          self.threshold, self.model.config.method)
 
-    def _plan(self, shots: list[int]) -> tuple[list[int], str]:
-        """Shots used per way and a sentence saying how unequal K is handled."""
+    def _plan(self, shots: list[int]) -> str:
+        """A sentence saying how unequal K is handled (every sentence is used)."""
         if len(set(shots)) == 1:
-            return shots, f"equal K={shots[0]}: one episode, as evaluate runs it"
-        if not self.model.head.couples_ways:  # prototype heads, or a factorised posterior
-            return shots, ("unequal K: ways run in groups of equal K; predictions lean towards "
-                           "the relations with more sentences, so give each the same number "
-                           "where you can")
+            return f"equal K={shots[0]}: one episode, as evaluate runs it"
+        if getattr(self.model.head, "unequal_shots", False):
+            return ("unequal K: one episode, each relation scored with its own sentences "
+                    f"({self.fairness()})")
         method = self.model.config.method
-        why = (f"{self.model.config.langevin.likelihood} likelihood" if method == "regrab"
-               else f"method {method}")
+        why = (f"{self.model.config.langevin.likelihood} likelihood"
+               if method.startswith("regrab") else f"method {method}")
         if 0 in shots:
             raise PipelineError(
-                f"this checkpoint's {why} couples the ways, so zero-shot "
-                "relations cannot be mixed with few-shot ones; predict them in separate runs")
-        k = min(shots)
-        return [k] * len(shots), (f"unequal K: the {why} couples the ways, "
-                                  f"so every way uses its first K={k} sentences")
+                f"this checkpoint's {why} needs equal K, so zero-shot relations cannot be "
+                "mixed with few-shot ones; predict them in separate runs")
+        return (f"unequal K: the {why} needs equal K, so each relation's sentences are "
+                f"repeated in order up to K={max(shots)} (oversampling); predictions may lean "
+                "towards the relations with more sentences")
+
+    def fairness(self) -> str:
+        """How this checkpoint keeps relations with more sentences from drawing the queries."""
+        cfg = self.model.config.langevin
+        if self.model.config.method.startswith("regrab"):
+            if cfg.predictive == "gaussian" and cfg.likelihood == "gaussian" \
+                    and cfg.noise_eval and cfg.similarity == "euclidean":
+                return "the posterior predictive widens a relation with fewer sentences"
+            return ("predictive: samples, so predictions lean towards the relations with more "
+                    "sentences")
+        if cfg.prototype_scoring == "unbiased" and cfg.similarity == "euclidean":
+            return "distances less each prototype's sampling noise"
+        if cfg.prototype_scoring == "normalised":
+            return "prototypes at their encodings' length"
+        return "plain means: predictions lean towards the relations with more sentences"
 
     @torch.no_grad()
     def sample_logits(self, query: torch.Tensor) -> torch.Tensor:
@@ -365,17 +383,11 @@ class Predictor:
         Shapes:
             query: (Q, D) -> (S, Q, N)
         """
-        if not self._groups:
+        if self._support is None:
             raise PipelineError("no support set; call set_support first")
         gen = torch.Generator(device=self.device).manual_seed(self.seed)
-        parts, order = [], []
-        for ways, sup, h in self._groups:
-            parts.append(self.model.head.sample_logits(sup, query[None], h, gen)[0])
-            order += ways
-        s = max(p.shape[0] for p in parts)  # a deterministic group gives S = 1
-        logits = torch.cat([p.expand(s, -1, -1) for p in parts], dim=-1)  # (S, Q, N)
-        inverse = torch.argsort(torch.tensor(order, device=logits.device))
-        return logits[..., inverse]
+        sup, h, shots = self._support
+        return head_logits(self.model.head, sup, query[None], h, gen, shots)[0]
 
     def predict(self, queries: Sequence[Any]) -> Predictions:
         """Probabilities, uncertainty scores and abstention for each query sentence."""

@@ -13,10 +13,10 @@ samples from the same seed, and ``random`` draws its order from a generator seed
 caller, so two methods given the same seed label the same sentences in ``random``.
 
 The support grows unevenly across the ways. As :class:`~model.predict.predictor.Predictor`
-does, the ways of an episode run in groups of equal K, one group as one episode of the head
-(exact where each way's prototype reads its own support only: ``couples_ways`` false); a
-head that couples its ways uses every way's first K sentences, K the smallest count. Groups
-of the same K and size are batched across episodes.
+does, every user's support is one episode padded to its largest count with each way's count
+(:func:`model.methods.base.head_logits`): a head that takes counts scores each way with its
+own sentences (REGRAB with ``predictive: gaussian``: its posterior predictive), any other
+gets each way's sentences repeated in order up to that count. All users are one batch.
 
 Shapes:
     B episodes, A strategies, R simulated users scored together (one per episode), N ways,
@@ -32,8 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model.episodes import EpisodeSampler
+from model.episodes import EpisodeSampler, cycled
 from model.evaluation.uncertainty import mc_log_probs
+from model.posterior.shots import head_logits
 from model.predict.active import acquisition_scores, check_strategy, pick, random_scores
 from pipeline.errors import PipelineError
 
@@ -96,9 +97,9 @@ def sample_pool_episodes(sampler: EpisodeSampler, rng: np.random.Generator, ways
                         np.broadcast_to(np.repeat(np.arange(n), q), (b, n * q)).copy())
 
 
-def group_logits(head: torch.nn.Module, enc: torch.Tensor, h: torch.Tensor | None,
-                 support: np.ndarray, counts: np.ndarray, evaluated: np.ndarray,
-                 generator: torch.Generator | None) -> torch.Tensor:
+def support_logits(head: torch.nn.Module, enc: torch.Tensor, h: torch.Tensor | None,
+                   support: np.ndarray, counts: np.ndarray, evaluated: np.ndarray,
+                   generator: torch.Generator | None) -> torch.Tensor:
     """Per-sample logits of every simulated user's evaluated sentences against its support.
 
     Args:
@@ -106,7 +107,7 @@ def group_logits(head: torch.nn.Module, enc: torch.Tensor, h: torch.Tensor | Non
         enc: sentence encodings; the row arrays index into them.
         h: each user's prior means (None for heads without a prior).
         support: each way's labelled rows in the order labelled; the first ``counts`` count.
-        counts: labelled sentences per way.
+        counts: labelled sentences per way (at least one each).
         evaluated: the rows scored (pool, then queries).
         generator: seeds the posterior samples.
 
@@ -114,29 +115,11 @@ def group_logits(head: torch.nn.Module, enc: torch.Tensor, h: torch.Tensor | Non
         enc: (n, D), h: (R, N, D) or None, support: (R, N, K_max), counts: (R, N),
         evaluated: (R, Q') -> (R, S, Q', N)
     """
-    r, n = counts.shape
-    used = counts if not head.couples_ways else np.repeat(counts.min(1, keepdims=True), n, 1)
     dev = enc.device
-    parts = []
-    for k in np.unique(used):
-        mine = used == k  # (R, N)
-        sizes = mine.sum(1)
-        for size in np.unique(sizes[sizes > 0]):
-            users = np.flatnonzero(sizes == size)  # (G,)
-            ways = np.nonzero(mine[users])[1].reshape(len(users), size)  # (G, N_k), sorted
-            idx = support[users[:, None], ways, :k]  # (G, N_k, K)
-            sup = enc[torch.from_numpy(idx).to(dev)]  # (G, N_k, K, D)
-            qry = enc[torch.from_numpy(evaluated[users]).to(dev)]  # (G, Q', D)
-            hg = None if h is None else h[torch.from_numpy(users).to(dev)[:, None],
-                                          torch.from_numpy(ways).to(dev)]  # (G, N_k, D)
-            logits = head.sample_logits(sup, qry, hg, generator)  # (G, S, Q', N_k)
-            parts.append((users, ways, logits))
-    s = max(p[2].shape[1] for p in parts)  # a deterministic head gives S = 1
-    out = torch.empty(r, n, s, evaluated.shape[1], dtype=parts[0][2].dtype, device=dev)
-    for users, ways, logits in parts:
-        out[torch.from_numpy(users).to(dev)[:, None], torch.from_numpy(ways).to(dev)] = \
-            logits.expand(-1, s, -1, -1).permute(0, 3, 1, 2)  # (G, N_k, S, Q')
-    return out.permute(0, 2, 3, 1)  # (R, S, Q', N)
+    rows = cycled(support[:, :, :int(counts.max())], counts)  # (R, N, K)
+    sup = enc[torch.from_numpy(rows).to(dev)]  # (R, N, K, D)
+    qry = enc[torch.from_numpy(evaluated).to(dev)]  # (R, Q', D)
+    return head_logits(head, sup, qry, h, generator, torch.from_numpy(counts).to(dev))
 
 
 @torch.no_grad()
@@ -196,8 +179,8 @@ def simulate(head: torch.nn.Module, enc: torch.Tensor, h: torch.Tensor | None,
             with_pool = s != "random" and step < labels
             scored = np.concatenate([episodes.pool, episodes.query], 1) if with_pool else \
                 episodes.query
-            logits = group_logits(head, enc, h, support[j], counts[j], scored,
-                                  gens[j])  # (B, S, P + Q or Q, N)
+            logits = support_logits(head, enc, h, support[j], counts[j], scored,
+                                    gens[j])  # (B, S, P + Q or Q, N)
             if not bool(torch.isfinite(logits).all()):
                 raise PipelineError(f"{what} gave non-finite logits (NaN or inf); check the "
                                     "checkpoint's weights or retrain it")

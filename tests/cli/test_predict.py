@@ -83,7 +83,7 @@ def test_parquet_out_threshold_and_zero_shot(files, capsys):
     assert abstain == [c < 0.999 for c in table.column("confidence").to_pylist()]
     assert all((p is None) == a for p, a in
                zip(table.column("prediction").to_pylist(), abstain, strict=True))
-    assert "zero-shot from the prior: P9" in printed and "groups of equal K" in printed
+    assert "zero-shot from the prior: P9" in printed and "one episode" in printed
 
 
 def test_parquet_queries_and_zero_shot_only(files, capsys):

@@ -17,7 +17,7 @@ from model.predict.active import (
     ranking,
 )
 from model.predict.predictor import Predictor
-from model.predict.simulation import group_logits, sample_pool_episodes, simulate
+from model.predict.simulation import sample_pool_episodes, simulate, support_logits
 from pipeline.errors import PipelineError
 from tests.model.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
@@ -95,8 +95,8 @@ def tiny(tmp_path_factory):
     return pred, rows, pred.encode(rows)
 
 
-def test_group_logits_of_one_user_are_the_predictors(tiny):
-    """Unequal shots: the same groups, in the same order, from the same seed."""
+def test_support_logits_of_one_user_are_the_predictors(tiny):
+    """Unequal shots: the same padded episode from the same seed."""
     pred, rows, enc = tiny
     shots = [1, 3, 2]
     pred.set_support({r: [x for x in rows if x["relation"] == r][:k]
@@ -106,7 +106,7 @@ def test_group_logits_of_one_user_are_the_predictors(tiny):
     support = np.array([[[6 * n + j for j in range(3)] for n in range(3)]])  # (1, N, 3)
     model = pred.model
     h = model.head.prior_means(model.head.prior_states(), model.rows(RELATIONS)[None])
-    got = group_logits(model.head, enc, h, support, np.array([shots]), queries[None],
+    got = support_logits(model.head, enc, h, support, np.array([shots]), queries[None],
                        torch.Generator().manual_seed(3))
     assert expected.shape[0] > 1 and got.shape == (1, *expected.shape)
     torch.testing.assert_close(got[0], expected, rtol=1e-4, atol=1e-4)
@@ -161,9 +161,10 @@ def test_bald_runs_on_regrab_and_every_label_joins_one_support(tiny, monkeypatch
     seen = []
     real = model.head.sample_logits
 
-    def spy(support, query, hg, generator=None):
-        seen.append(support.shape)
-        return real(support, query, hg, generator)
+    def spy(support, query, hg, generator=None, shots=None):
+        seen.append(shots.sum(1).tolist() if shots is not None
+                    else [support.shape[1] * support.shape[2]] * support.shape[0])
+        return real(support, query, hg, generator, shots=shots)
 
     monkeypatch.setattr(model.head, "sample_logits", spy)
     marks = []
@@ -177,8 +178,8 @@ def test_bald_runs_on_regrab_and_every_label_joins_one_support(tiny, monkeypatch
     alone = simulate(model.head, enc, h, eps, ["bald"], 4, 7, torch.Generator())
     assert np.array_equal(alone[:, :, 0], acc[:, :, 0])
     # Each label joins exactly one way's support: step t scores 3 + t sentences of support
-    # for each of the 6 users (3 episodes x 2 strategies), in groups of equal K.
+    # for each of the 3 users of each of the 2 strategies, one padded episode per user.
     bounds = [0, *marks, len(seen)]
     for t in range(5):
-        shapes = seen[bounds[t]:bounds[t + 1]]
-        assert sum(g * n * k for g, n, k, _ in shapes) == 6 * (3 + t)
+        calls = seen[bounds[t]:bounds[t + 1]]
+        assert len(calls) == 2 and all(c == [3 + t] * 3 for c in calls)

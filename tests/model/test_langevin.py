@@ -18,9 +18,10 @@ from tests.conftest import model_config
 
 
 def _cfg(**kw) -> LangevinConfig:
-    """The default sampler with the paper's fixed prior trust (the formulas tested here),
-    changed by ``kw``."""
-    return dataclasses.replace(model_config().langevin, **{"prior_trust": "fixed", **kw})
+    """The default sampler with the paper's fixed prior trust and the samples' average as
+    the predictive (the formulas tested here), changed by ``kw``."""
+    return dataclasses.replace(model_config().langevin,
+                               **{"prior_trust": "fixed", "predictive": "samples", **kw})
 
 
 def _log_posterior(v, support, h, temperature, similarity, likelihood, lam, var):

@@ -214,7 +214,7 @@ def test_zero_shot_by_id(folder, table):
     # mixed: two relations with support, one by id only
     support = _support(table, [2, 2, 0])
     summary = pred.set_support({r: s for r, s in support.items() if s}, zero_shot=["P8"])
-    assert summary.zero_shot == ["P8"] and "groups" in summary.handling
+    assert summary.zero_shot == ["P8"] and "one episode" in summary.handling
     mixed = pred.predict(queries)
     assert np.allclose(mixed.probs.sum(1), 1.0)
     with pytest.raises(PipelineError, match="not in the checkpoint's relation graph"):
@@ -245,13 +245,15 @@ def test_abstention(folder, table):
         Predictor(pred.model, threshold=1.5)
 
 
-def test_unequal_shots_group_exactly(folder, table):
-    """A way's logits depend on its own support only, so grouping by K is exact."""
+def test_unequal_shots_are_one_episode_with_each_ways_own_posterior(folder, table):
+    """A way's posterior reads its own support only: with the paper's fixed prior trust, one
+    call on the padded support gives each way the logits it has alone."""
     queries, _ = _queries(table)
-    pred = Predictor.from_checkpoint(tiny_checkpoint(folder, noise_eval=False), seed=0)
+    pred = Predictor.from_checkpoint(tiny_checkpoint(folder, noise_eval=False,
+                                                     prior_trust="fixed"), seed=0)
     support = _support(table, [1, 3, 2])
     summary = pred.set_support(support)
-    assert summary.used_shots == [1, 3, 2] and "groups of equal K" in summary.handling
+    assert summary.used_shots == [1, 3, 2] and "one episode" in summary.handling
     q = pred.encode(queries)
     mixed = pred.sample_logits(q)  # (1, Q, 3)
     for n, r in enumerate(RELATIONS):
@@ -261,8 +263,9 @@ def test_unequal_shots_group_exactly(folder, table):
         pred.set_support(alone)
         torch.testing.assert_close(mixed[..., n], pred.sample_logits(q)[..., 0])
 
-    # proto: the prototypes are the plain support means, whatever each way's K
-    proto = Predictor.from_checkpoint(tiny_checkpoint(folder, "proto"))
+    # proto scored as trained (prototype_scoring: mean): the prototypes are the plain
+    # support means, whatever each way's K
+    proto = Predictor.from_checkpoint(tiny_checkpoint(folder, "proto", prototype_scoring="mean"))
     proto.set_support(support)
     got = proto.predict(queries)
     means = torch.stack([proto.encode(support[r]).mean(0) for r in RELATIONS])
@@ -278,12 +281,17 @@ def test_unequal_shots_group_exactly(folder, table):
     assert proto.predict([one[r][0] for r in RELATIONS]).best == RELATIONS
 
 
-def test_softmax_likelihood_truncates_unequal_shots(folder, table):
-    pred = Predictor.from_checkpoint(tiny_checkpoint(folder, likelihood="softmax"))
-    summary = pred.set_support(_support(table, [1, 3, 2]))
-    assert summary.used_shots == [1, 1, 1] and "first K=1" in summary.handling
-    assert summary.shots == [1, 3, 2]
-    with pytest.raises(PipelineError, match="couples the ways"):
+def test_softmax_likelihood_oversamples_unequal_shots(folder, table):
+    pred = Predictor.from_checkpoint(tiny_checkpoint(folder, likelihood="softmax"), seed=0)
+    support = _support(table, [1, 3, 2])
+    summary = pred.set_support(support)
+    assert summary.used_shots == [1, 3, 2] and "repeated in order up to K=3" in summary.handling
+    q = pred.encode(_queries(table)[0])
+    got = pred.sample_logits(q)
+    # the same as the support written out repeated
+    pred.set_support({r: (s * 3)[:3] for r, s in support.items()})
+    torch.testing.assert_close(got, pred.sample_logits(q))
+    with pytest.raises(PipelineError, match="needs equal K"):
         pred.set_support(_support(table, [1, 3, 0]))
 
 

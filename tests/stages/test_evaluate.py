@@ -43,20 +43,23 @@ def test_tiny_end_to_end_writes_metrics_reports_and_plots(tmp_path):
         "train": TRAIN,
         "evaluate": {"settings": settings, "episodes": 20, "queries": 2, "device": "cpu",
                      "nota_settings": ["2w1s"], "nota_rates": [0.25, 0.5],
-                     "nota_episodes": 10, "noisy_setting": "3w2s"},
+                     "nota_episodes": 10, "noisy_setting": "3w2s",
+                     "unequal_settings": ["3w1-2s"], "unequal_episodes": 6},
     })
     p = _train(tmp_path, splits, params)
     out = _evaluate(tmp_path, splits, p)
     metrics = json.loads((tmp_path / "metrics" / "nyt25.json").read_text())
     assert metrics == out
     assert list(metrics) == ["nyt25", "paired", "ece", "ece_ts", "nota", "detection", "aurc",
-                             "support_noise"]
+                             "support_noise", "shots"]
     acc = metrics["nyt25"]
     assert set(acc) == {"regrab", "regrab_no_prior", "mtb", "proto", "proto_label", "floor"}
-    # zero-shot only for the methods with a prior (regrab; proto_label's label mean)
-    assert set(acc["regrab"]) == set(acc["proto_label"]) == {*settings, "3w2s_noisy"}
+    # zero-shot only for the methods with a prior (regrab; proto_label's label mean); the
+    # unequal-shot setting brings its twin cut to one sentence and its step protocol
+    unequal = {"3w1-2s", "3w1-2s_cut1", "3w1-2s_step"}
+    assert set(acc["regrab"]) == set(acc["proto_label"]) == {*settings, "3w2s_noisy"} | unequal
     for method in ("regrab_no_prior", "mtb", "proto", "floor"):
-        assert set(acc[method]) == {"2w1s", "3w2s", "3w2s_noisy"}
+        assert set(acc[method]) == {"2w1s", "3w2s", "3w2s_noisy"} | unequal
     # A mislabelled support sentence: every method's cost (paired) and its detector's AUROC.
     noise = metrics["support_noise"]
     assert noise["setting"] == "3w2s_noisy" and set(noise["auroc"]) == set(acc)
@@ -64,8 +67,15 @@ def test_tiny_end_to_end_writes_metrics_reports_and_plots(tmp_path):
     assert noise["cost"]["proto"] == pytest.approx(
         acc["proto"]["3w2s_noisy"] - acc["proto"]["3w2s"], abs=0.02)
     assert set(noise["cost_minus_regrab"]) == set(acc) - {"regrab"}
-    assert "A mislabelled support sentence (3w2s_noisy" in (
-        tmp_path / "metrics" / "nyt25.md").read_text()
+    report_md = (tmp_path / "metrics" / "nyt25.md").read_text()
+    assert "A mislabelled support sentence (3w2s_noisy" in report_md
+    shots = metrics["shots"]
+    assert set(shots["step_share"]) == set(acc)
+    assert all(0 <= v <= 100 for v in shots["step_share"].values())
+    gain = shots["gain"]["3w1-2s"]["proto"]
+    assert gain["diff"] == pytest.approx(acc["proto"]["3w1-2s"] - acc["proto"]["3w1-2s_cut1"],
+                                         abs=0.02)
+    assert "Step protocol of 3w1-2s" in report_md
     assert all(0 <= v <= 100 for row in acc.values() for v in row.values())
     assert set(metrics["paired"]) == {f"{m}_minus_regrab" for m in
                                       ("regrab_no_prior", "mtb", "proto", "proto_label",
