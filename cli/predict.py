@@ -23,8 +23,7 @@ the checkpoint at training, in the stored setting closest to the support; ``--th
 abstains below top probability P instead. A checkpoint of an older version keeps no such
 quantiles and abstains only with ``--threshold``.
 
-Each support sentence gets a suspicion score, flagged above the checkpoint's validation cutoff
-(:mod:`model.predict.support_check`); ``--support-scores FILE`` writes them all.
+Support sentences get suspicion scores, flagged above a validation cutoff (``--support-scores``).
 
 A bad support row or checkpoint stops with one ``error:`` line; a bad query (markers missing
 or unbalanced, a span outside the sentence, not JSON) is skipped and counted in the summary.
@@ -72,8 +71,7 @@ def split_relations(text: str) -> list[str]:
     parentheses (SemEval's ``Cause-Effect(e2,e1)``) belongs to the id.
 
     Raises:
-        PipelineError: no id at all (``''``, ``',,,'``), or parentheses that do not pair up
-            in a value with commas.
+        PipelineError: no id at all (``',,,'``), or unpaired parentheses in a value with commas.
     """
     if not text.replace(",", "").strip():
         raise PipelineError(f"--zero-shot {text!r} names no relation; give relation ids "
@@ -312,8 +310,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     check_run_options(args)
     check_output(args.out)  # before the predictions, not after them
-    inputs = {"--queries": args.queries, "--support": args.support,
-              "--relations": args.relations}
+    inputs = {"--queries": args.queries, "--support": args.support, "--relations": args.relations}
     refuse_same(args.out, "--out", inputs)
     if args.support_scores is not None:
         check_output(args.support_scores, option="--support-scores")
@@ -364,7 +361,8 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
                  check.records()]
     if args.support_scores is not None:
         write_support_scores(suspicion, args.support_scores)
-        print(f"wrote {len(suspicion)} support sentences' suspicion to {args.support_scores}")
+        print(f"wrote {len(suspicion)} support sentences' suspicion to "
+              f"{shown(args.support_scores)}")
 
     abstained = sum(r["abstain"] for r in rows)
     for line in summary.lines():

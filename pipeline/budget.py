@@ -1,6 +1,6 @@
 """What a run would cost on this machine, and the bounds that follow from it.
 
-A value far past what the machine can do (``model.langevin.steps=10**9``,
+A value far past what the machine can do (Langevin ``steps=10**9``,
 ``evaluate.episodes=10**12``, ``regrab-score --episodes 10**7``) used to run for years, or
 die out of memory after hours, with no word. Each bound here comes from the machine: memory is
 its physical memory, time a speed measured on it times the work counted. A refusal says what

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import report
+from pipeline import plots, report
 
 #: The strategy every other one is compared with.
 FLOOR = "random"
@@ -150,12 +150,12 @@ def plot_curves(summary: Mapping[str, Any], sets: Mapping[str, str], path: Any) 
     """Accuracy against labels per relation, one panel per set: each method in its own
     colour, ``random`` solid and BALD (or, for a head without posterior samples, its first
     other strategy) dashed, with the t 95% band over splits (a PNG)."""
-    plt = report._pyplot()
+    plt = plots._pyplot()
     axis = np.asarray(summary["labels_per_relation"], dtype=float)
     fig, axes = plt.subplots(1, len(sets), figsize=(5.2 * len(sets), 3.8), squeeze=False)
     for ax, (name, title) in zip(axes[0], sets.items(), strict=True):
-        for i, (method, by_strategy) in enumerate(summary[name].items()):
-            colour = f"C{i}"
+        for method, by_strategy in summary[name].items():
+            colour = plots.method_colour(method)
             active = BAR[1] if BAR[1] in by_strategy else next(
                 (s for s in by_strategy if s != FLOOR), None)
             for strategy, style in ((FLOOR, "-"), (active, "--")):
@@ -172,5 +172,5 @@ def plot_curves(summary: Mapping[str, Any], sets: Mapping[str, str], path: Any) 
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    report._save(fig, path)
+    plots._save(fig, path)
     plt.close(fig)

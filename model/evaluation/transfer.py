@@ -197,8 +197,7 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
         temperature_episodes=base.temperature_episodes if nota else 0, noisy_setting="",
         unequal_settings=())
     unequal_settings = [UnequalSetting.parse(s) for s in base.unequal_settings] if unequal else []
-    needed = max(*(s.shots for s in settings), *(u.high for u in unequal_settings)
-                 ) + cfg.queries
+    needed = max([s.shots for s in settings] + [u.high for u in unequal_settings]) + cfg.queries
     table, relations = sort_relations(table, needed, trained, keep_trained, listed)
     usable = len(relations["relations_scored"])
     cfg = dataclasses.replace(cfg, unequal_settings=tuple(

@@ -14,6 +14,7 @@ Shapes:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from model.posterior.logits import similarity_logits
@@ -178,3 +179,21 @@ def scored_prototypes(query: torch.Tensor, v: torch.Tensor, support: torch.Tenso
             bias = bias + extra
         logits = logits + 0.5 * bias.transpose(1, 2) / temperature
     return logits
+
+
+def padded_support(enc: torch.Tensor, shots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One padded episode from the sentences of each way, way after way: each way's
+    sentences repeated in order up to the largest count (a way without any: zeros, masked
+    out by its count of 0), and the counts.
+
+    Shapes:
+        enc: (sum shots, D) -> support (1, N, K, D), counts (1, N)
+    """
+    offsets = np.concatenate([[0], np.cumsum(shots)])
+    top = max(shots)
+    sup = enc.new_zeros(1, len(shots), top, enc.shape[-1])  # (1, N, K, D)
+    for n, k in enumerate(shots):
+        if k:
+            row = [int(offsets[n]) + j % k for j in range(top)]
+            sup[0, n] = enc[torch.tensor(row, dtype=torch.long, device=enc.device)]
+    return sup, torch.tensor([shots], dtype=torch.long, device=enc.device)

@@ -48,7 +48,7 @@ from model.files.loader import load_model
 from model.files.score_quantiles import ScoreQuantiles
 from model.files.suspicion_cutoff import SuspicionCutoff
 from model.methods.base import FewShotModel
-from model.posterior.shots import head_logits
+from model.posterior.shots import head_logits, padded_support
 from model.predict.abstain import AbstainRule, check_request, make_rule
 from model.predict.sentences import parse_sentence, sentences_table
 from model.predict.summary import SupportSummary, unread_descriptions
@@ -310,18 +310,8 @@ class Predictor:
         states = head.prior_states()
         h = head.prior_means(states, rows[None].to(self.device))  # (1, N, D) or None
         self.support_check = check_support(head, enc, shots, h, relations, self.support_noise)
-        offsets = np.concatenate([[0], np.cumsum(shots)])
-        top = max(shots)
-        # Each way's sentences, padded by repeating them in order (a way without any: zeros,
-        # masked out by its count of 0).
-        idx = [[offsets[n] + j % k if k else -1 for j in range(top)]
-               for n, k in enumerate(shots)]
-        sup = torch.zeros(1, len(relations), top, enc.shape[-1], device=self.device,
-                          dtype=enc.dtype)
-        for n, row in enumerate(idx):
-            if shots[n]:
-                sup[0, n] = enc[torch.tensor(row, dtype=torch.long, device=self.device)]
-        self._support = (sup, h, torch.tensor([shots], dtype=torch.long, device=self.device))
+        sup, counts = padded_support(enc, shots)  # (1, N, K, D), (1, N)
+        self._support = (sup, h, counts)
         priors = {} if model.prior is None else {r: model.prior.prior_kind(r)
                                                   for r in relations}
         texts = {} if model.prior is None else {r: model.prior.text_kind(r) for r in relations}

@@ -20,6 +20,7 @@ class MedianHead(nn.Module):
 
     prior = None
     couples_ways = False
+    unequal_shots = False
 
     def __init__(self, config, graph, dim: int) -> None:
         super().__init__()

@@ -141,11 +141,12 @@ def test_evaluate_write_failure_keeps_every_old_output(project, tmp_path):
 
 def test_device_gpu_is_one_line_naming_the_key(project, tmp_path):
     p = with_params(project, tmp_path, train={"device": "gpu"}, evaluate={"device": "gpu"})
-    with pytest.raises(PipelineError, match=r"params.yaml train.device 'gpu' is not a device"):
+    with pytest.raises(PipelineError,
+                       match=r"params.yaml train.device = 'gpu': expected auto, cpu, cuda"):
         train.main([*project["train_args"][:-1], str(tmp_path / "models"), "--params", str(p)])
     assert not (tmp_path / "models").exists()
     with pytest.raises(PipelineError,
-                       match=r"params.yaml evaluate.device 'gpu' is not a device; use auto"):
+                       match=r"params.yaml evaluate.device = 'gpu': expected auto, cpu, cuda"):
         evaluate.main(evaluate_args(tmp_path, project["splits"], p))
     assert not (tmp_path / "metrics").exists() and not (tmp_path / "plots").exists()
 
