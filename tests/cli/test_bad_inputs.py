@@ -288,18 +288,20 @@ def test_a_checkpoint_of_a_billion_steps_answers_or_says_what_it_would_cost(file
                                                                               tmp_path):
     import signal
 
-    gaussian = tiny_checkpoint(files["root"], steps=10**9)
+    # 10^12 steps: past a week of this machine's time however fast it is (10^9 steps of the
+    # tiny model's softmax chain take about a day on an idle core, under the week's bound).
+    gaussian = tiny_checkpoint(files["root"], steps=10**12)
     out = tmp_path / "out.jsonl"
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("no answer")))
     signal.alarm(120)  # the chain stops at its fixed point: seconds, not hours
     try:
         predict.main(_argv({**files, "ckpt": gaussian}, out))
         assert len(out.read_text().splitlines()) == 3
-        softmax = tiny_checkpoint(files["root"], steps=10**9, likelihood="softmax")
+        softmax = tiny_checkpoint(files["root"], steps=10**12, likelihood="softmax")
         err = _one_error(capsys, lambda: predict.main(_argv({**files, "ckpt": softmax},
                                                             tmp_path / "o2.jsonl")))
     finally:
         signal.alarm(0)
-    assert "this checkpoint's posterior (1,000,000,000 Langevin steps per chain) would take " \
+    assert "this checkpoint's posterior (1,000,000,000,000 Langevin steps per chain) would take " \
            "about" in err and "measured here" in err and "fewer model.langevin.steps" in err
     assert not (tmp_path / "o2.jsonl").exists()
