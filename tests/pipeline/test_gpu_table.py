@@ -27,7 +27,9 @@ TINY = {
     "train": {"steps": 4, "ways": [2, 3], "shots": [1, 2], "queries": 2, "val_episodes": 3,
               "val_settings": ["2w1s"], "device": "cpu", "threads": 1, "encode_batch": 16},
     "evaluate": {"settings": ["2w1s", "3w2s"], "episodes": 5, "queries": 2, "device": "cpu",
-                 "nota_rates": [], "temperature_episodes": 0, "threads": 1, "workers": 1},
+                 "nota_rates": [], "temperature_episodes": 0, "threads": 1, "workers": 1,
+                 # the toy splits test 3 relations: too few for 5-way unequal-shot episodes
+                 "unequal_settings": []},
 }
 
 
