@@ -105,11 +105,12 @@ def support_bytes(ways: int, dim: int) -> int:
 
 
 def check_support_cost(predictor: Any, support: Mapping[str, Sequence[Any]], calls: int,
-                       chunk: int, source: str) -> float:
+                       chunk: int, source: str) -> bool:
     """Stop, naming the cost and the fix, when ``support`` (``{relation: [sentence, ...]}``)
     would not fit in memory or its encoding and ``calls`` posterior chains would run past
     :data:`pipeline.budget.MAX_RUN_S`, all measured on this machine before any of it runs;
-    when the estimate passes :data:`LONG_S`, print it. Returns the estimated seconds.
+    when the estimate passes :data:`LONG_S`, print it. Returns whether it did (a long run,
+    which shows progress bars).
 
     Memory grows with ways x the largest relation's sentences x the encoding size (the padded
     support) and with ``chunk`` queries x ways x posterior samples (their logits); the
@@ -131,7 +132,8 @@ def check_support_cost(predictor: Any, support: Mapping[str, Sequence[Any]], cal
         "posterior samples)"), fix="give --chunk {most} or less")
     sentences = [s for way in support.values() for s in way]
     return check_run_time(predictor, sentences, ways if model.prior is not None else 0,
-                          f"{source}'s", calls, ways, shots, "give fewer support sentences")
+                          f"{source}'s", calls, ways, shots,
+                          "give fewer support sentences") > LONG_S
 
 
 def check_run_time(predictor: Any, sentences: Sequence[Any], names: int, source: str,

@@ -341,9 +341,9 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
     starts = range(0, len(queries), args.chunk)
     # Before the support is encoded or its posterior sampled: 10^9 Langevin steps, or more
     # support than the machine holds, must not start.
-    check_support_cost(predictor, support, len(starts) + 1, args.chunk, "--support")
+    long = check_support_cost(predictor, support, len(starts) + 1, args.chunk, "--support")
     summary = predictor.set_support(support, names=names, descriptions=descriptions,
-                                    progress=True)
+                                    progress=long)
     rule = predictor.abstain_rule()
     rows: list[dict[str, Any]] = []
     for s in tqdm(starts, desc="predict", unit="chunk", disable=len(starts) < 2):

@@ -130,9 +130,9 @@ def suggest(argv: list[str] | None = None) -> dict[str, Any]:
     starts = range(0, len(pool), args.chunk)
     # Before the support is encoded or its posterior sampled (once more for the first
     # sentence): 10^9 Langevin steps, or more support than the machine holds, must not start.
-    check_support_cost(predictor, support, len(starts) + 1, args.chunk, "--support")
+    long = check_support_cost(predictor, support, len(starts) + 1, args.chunk, "--support")
     summary = predictor.set_support(support, names=names, descriptions=descriptions,
-                                    progress=True)
+                                    progress=long)
     # One sentence tells whether the head samples its prototypes, before the pool is encoded.
     samples = predictor.sample_logits(predictor.encode([pool[0]["sentence"]])).shape[0]
     strategy = check_strategy(args.strategy or default_strategy(samples), samples,
