@@ -53,7 +53,7 @@ from tqdm import tqdm
 
 from cli.files import check_readable
 from cli.guard import refuse_same, run_command
-from cli.limits import check_episodes, check_seed, check_threads
+from cli.limits import check_episodes, check_run_time, check_seed, check_threads
 from cli.text import lone_surrogate, shown
 from model.episodes import mean_ci95
 from model.evaluation.uncertainty import mc_log_probs
@@ -300,6 +300,13 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     device = select_device(args.device, "--device")
     predictor = Predictor.from_checkpoint(args.checkpoint, device, seed=args.seed,
                                           batch_size=args.batch_size)
+    # Before anything is encoded: a chain of 10^9 steps per episode must not start.
+    sentences = list(dict.fromkeys(s for ep in episodes
+                                   for s in (*(s for way in ep.support for s in way), ep.query)))
+    ids = {r for ep in episodes for r in ep.relations or ()}
+    check_run_time(predictor, sentences, len(ids) if predictor.model.prior is not None else 0,
+                   "--input's distinct", len(episodes), max(ep.ways for ep in episodes),
+                   max(ep.shots for ep in episodes), "give fewer episodes (split --input)")
     answers, timing, priors = predict_episodes(predictor, episodes, names=names)
     _write_json(answers, args.out)
     total = timing["encode_s"] + timing["head_s"]

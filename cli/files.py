@@ -69,6 +69,7 @@ def read_records(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int,
     """
     path = Path(path)
     kind = _kind(path, INPUT_FORMATS, what)
+    check_readable(path, what)  # a FIFO nobody writes to would be read for ever
     if not path.is_file():
         raise PipelineError(f"{what} {path} does not exist; check the path")
     if kind == ".parquet":

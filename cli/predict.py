@@ -53,7 +53,7 @@ from cli.files import (
     write_support_scores,
 )
 from cli.guard import refuse_same, run_command
-from cli.limits import add_run_options, check_chain_time, check_run_options
+from cli.limits import add_run_options, check_run_options, check_support_cost
 from cli.text import lone_surrogate, shown
 from model.evaluation.uncertainty import POSTERIOR_SCORES, SCORES
 from model.predict.abstain import DEFAULT_RATE
@@ -339,10 +339,11 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
         abstain_rate=args.abstain_rate, abstain_score=args.abstain_score,
         batch_size=args.batch_size)
     starts = range(0, len(queries), args.chunk)
-    # Before the support's posterior is sampled: a chain of 10^9 steps must not start.
-    check_chain_time(predictor.model, len(support), max(map(len, support.values())),
-                     len(starts) + 1)
-    summary = predictor.set_support(support, names=names, descriptions=descriptions)
+    # Before the support is encoded or its posterior sampled: 10^9 Langevin steps, or more
+    # support than the machine holds, must not start.
+    long = check_support_cost(predictor, support, len(starts) + 1, args.chunk, "--support")
+    summary = predictor.set_support(support, names=names, descriptions=descriptions,
+                                    progress=long)
     rule = predictor.abstain_rule()
     rows: list[dict[str, Any]] = []
     for s in tqdm(starts, desc="predict", unit="chunk", disable=len(starts) < 2):

@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from cli.files import check_output, write_rows
 from cli.guard import refuse_same, run_command
-from cli.limits import add_run_options, check_run_options
+from cli.limits import add_run_options, check_run_options, check_support_cost
 from cli.predict import SHOWN_SKIPS, read_sentences, support_inputs
 from cli.text import shown
 from model.evaluation.uncertainty import mc_log_probs
@@ -127,14 +127,18 @@ def suggest(argv: list[str] | None = None) -> dict[str, Any]:
     pool, skipped = read_pool(args.pool)
     predictor = Predictor.from_checkpoint(args.checkpoint, device, seed=args.seed,
                                           batch_size=args.batch_size)
-    summary = predictor.set_support(support, names=names, descriptions=descriptions)
+    starts = range(0, len(pool), args.chunk)
+    # Before the support is encoded or its posterior sampled (once more for the first
+    # sentence): 10^9 Langevin steps, or more support than the machine holds, must not start.
+    long = check_support_cost(predictor, support, len(starts) + 1, args.chunk, "--support")
+    summary = predictor.set_support(support, names=names, descriptions=descriptions,
+                                    progress=long)
     # One sentence tells whether the head samples its prototypes, before the pool is encoded.
     samples = predictor.sample_logits(predictor.encode([pool[0]["sentence"]])).shape[0]
     strategy = check_strategy(args.strategy or default_strategy(samples), samples,
                               f"checkpoint {args.checkpoint} ({predictor.model.config.method})",
                               "use --strategy entropy or margin, or a regrab checkpoint")
     scores, best, prob = [], [], []
-    starts = range(0, len(pool), args.chunk)
     for s in tqdm(starts, desc="suggest", unit="chunk", disable=len(starts) < 2):
         part = pool[s : s + args.chunk]
         logits = predictor.sample_logits(

@@ -40,9 +40,14 @@ def duration(seconds: float) -> str:
     return f"{seconds:.1f} s"
 
 
-def check_memory(count: int, per_item: int, flag: str, unit: str = "episode") -> int:
+def check_memory(count: int, per_item: int, flag: str, unit: str = "episode",
+                 fix: str = "give at most {most}", subject: str | None = None) -> int:
     """``count`` when ``count`` items of ``per_item`` bytes fit in :data:`MEMORY_SHARE` of
     the machine's memory.
+
+    Args:
+        fix: what to do, for the message; ``{most}`` is replaced by the most that fits.
+        subject: what ``count`` counts, for the message (default: ``flag`` and ``count``).
 
     Raises:
         PipelineError: naming what ``count`` would need and the most that fits.
@@ -51,9 +56,9 @@ def check_memory(count: int, per_item: int, flag: str, unit: str = "episode") ->
     most = max(budget // max(per_item, 1), 1)
     if count > most:
         raise PipelineError(
-            f"{flag} {count} would need about {count * per_item / 2**30:,.0f} GiB "
-            f"({per_item:,} bytes per {unit}), more than half of this machine's "
-            f"{memory() / 2**30:.0f} GiB; give at most {most}")
+            f"{subject or f'{flag} {count}'} would need about "
+            f"{count * per_item / 2**30:,.0f} GiB ({per_item:,} bytes per {unit}), more than "
+            f"half of this machine's {memory() / 2**30:.0f} GiB; {fix.format(most=most)}")
     return count
 
 

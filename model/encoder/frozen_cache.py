@@ -323,14 +323,22 @@ def encode_rows(
     return torch.cat(out)  # (B, D)
 
 
+#: Batches between two updates of :func:`encode_all`'s progress bar.
+PROGRESS_BATCHES = 16
+
+
 @torch.no_grad()
 def encode_all(
     encoder: SentenceEncoder,
     tokens: TokenizedSet,
     cache: LowerCache | None,
     batch_size: int = 64,
+    progress: str | None = None,
 ) -> torch.Tensor:
     """Encode every sentence once, in eval mode, batched by length (least padding).
+
+    ``progress`` (a description) shows a bar of the batches; the batches, and so the
+    encodings, are the same with it or without.
 
     Shapes:
         -> (n, D) in the original sentence order
@@ -340,7 +348,19 @@ def encode_all(
     order = np.argsort([len(x) for x in tokens.ids], kind="stable")
     if cache is not None and encoder.split > 0:
         cache.states(encoder, tokens, order, batch_size, progress=True)
-    enc = encode_rows(encoder, tokens, order, cache, batch_size)
+    if progress is None:
+        enc = encode_rows(encoder, tokens, order, cache, batch_size)
+    else:
+        from tqdm import tqdm
+
+        step = batch_size * PROGRESS_BATCHES  # whole batches: the same batches as without
+        parts = []
+        with tqdm(total=len(order), desc=progress, unit="sentence") as bar:
+            for s in range(0, len(order), step):
+                parts.append(encode_rows(encoder, tokens, order[s : s + step], cache,
+                                         batch_size))
+                bar.update(len(parts[-1]))
+        enc = torch.cat(parts)
     out = torch.empty_like(enc)
     out[torch.from_numpy(order).to(enc.device)] = enc
     encoder.train(was_training)

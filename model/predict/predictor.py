@@ -244,8 +244,9 @@ class Predictor:
         return self.summary.relations
 
     @torch.no_grad()
-    def encode(self, sentences: Sequence[Any]) -> torch.Tensor:
-        """Encodings of sentences (anything :func:`parse_sentence` reads).
+    def encode(self, sentences: Sequence[Any], progress: str | None = None) -> torch.Tensor:
+        """Encodings of sentences (anything :func:`parse_sentence` reads); ``progress`` (a
+        description) shows a progress bar.
 
         Shapes:
             -> (len(sentences), D)
@@ -254,14 +255,16 @@ class Predictor:
         if not parsed:
             return torch.zeros(0, self.model.encoder.out_dim, device=self.device)
         tokens = self.model.encoder.tokenize(sentences_table(parsed))
-        return encode_all(self.model.encoder, tokens, None, self.batch_size)
+        return encode_all(self.model.encoder, tokens, None, self.batch_size, progress)
 
     @torch.no_grad()
     def set_support(self, support: Mapping[str, Sequence[Any]],
                     zero_shot: Sequence[str] = (),
                     names: Mapping[str, str] | None = None,
-                    descriptions: Mapping[str, str | None] | None = None) -> SupportSummary:
-        """Encode the support once: ``{relation: [sentence, ...]}`` plus zero-shot ids.
+                    descriptions: Mapping[str, str | None] | None = None,
+                    progress: bool = False) -> SupportSummary:
+        """Encode the support once: ``{relation: [sentence, ...]}`` plus zero-shot ids
+        (``progress``: with a progress bar).
 
         A relation outside the checkpoint's graph gets a prior from its name: ``names[r]``
         when given, else one read from the key (``gene_found_in_organism``,
@@ -306,7 +309,8 @@ class Predictor:
                     f"relation graph ({len(model.prior.relations)} relations) and has no name "
                     "to read, so nothing predicts it; give it support sentences or a name")
         handling = self._plan(shots)
-        enc = self.encode([s for r in relations for s in support[r]])  # (sum K, D)
+        enc = self.encode([s for r in relations for s in support[r]],
+                          "encode support" if progress else None)  # (sum K, D)
         states = head.prior_states()
         h = head.prior_means(states, rows[None].to(self.device))  # (1, N, D) or None
         self.support_check = check_support(head, enc, shots, h, relations, self.support_noise)

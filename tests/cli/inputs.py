@@ -26,6 +26,13 @@ def write_predict_inputs(root: Path) -> list[dict]:
     return rows
 
 
+def fewrel_record(row: dict) -> dict:
+    """A toy table row as a FewRel record ``{tokens, h, t}``."""
+    return {"tokens": row["tokens"],
+            "h": ["h", "Q1", [list(range(row["head_start"], row["head_end"]))]],
+            "t": ["t", "Q2", [list(range(row["tail_start"], row["tail_end"]))]]}
+
+
 def one_error(capsys, call: Callable[[], object], code: int = 2) -> str:
     """Run a command's ``call``: it must exit ``code`` with exactly one ``error:`` line on
     stderr and no traceback; returns that line."""

@@ -6,16 +6,11 @@ import torch
 from cli.fewrel_test import fewrel_test, main, read_pid2name
 from model.methods.regrab import RegrabHead
 from model.predict.predictor import Predictor
+from tests.cli.inputs import fewrel_record
 from tests.model.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
 
 RELATIONS = ["P5", "P6", "P7", "P8"]
-
-
-def _record(row):
-    return {"tokens": row["tokens"],
-            "h": ["h", "Q1", [list(range(row["head_start"], row["head_end"]))]],
-            "t": ["t", "Q2", [list(range(row["tail_start"], row["tail_end"]))]]}
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +19,7 @@ def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("fewrel_test")
     data = {}
     for row in toy_table(RELATIONS, 5, seed=5).to_pylist():
-        data.setdefault(row["relation"], []).append(_record(row))
+        data.setdefault(row["relation"], []).append(fewrel_record(row))
     (root / "val.json").write_text(json.dumps(data))
     return root
 

@@ -21,19 +21,13 @@ from cli.files import write_predictions
 from cli.text import EscapingStream, lone_surrogate, printable
 from model.files.checkpoint import MODEL_FILE
 from pipeline.errors import PipelineError
-from tests.cli.inputs import RELATIONS, write_predict_inputs
+from tests.cli.inputs import RELATIONS, fewrel_record, write_predict_inputs
 from tests.cli.inputs import one_error as _one_error
 from tests.conftest import project_params
 from tests.model.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _record(r):
-    return {"tokens": r["tokens"],
-            "h": ["h", "Q1", [list(range(r["head_start"], r["head_end"]))]],
-            "t": ["t", "Q2", [list(range(r["tail_start"], r["tail_end"]))]]}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +37,7 @@ def files(tmp_path_factory):
     rows = write_predict_inputs(root)
     fewrel: dict[str, list] = {}
     for r in toy_table(RELATIONS, 6, seed=5).to_pylist():
-        fewrel.setdefault(r["relation"], []).append(_record(r))
+        fewrel.setdefault(r["relation"], []).append(fewrel_record(r))
     (root / "val.json").write_text(json.dumps(fewrel))
     ckpt = tiny_checkpoint(root)
     folder = root / "models" / "split_0" / "regrab"
@@ -227,7 +221,7 @@ def test_control_characters_never_reach_the_terminal(files, tmp_path):
 
 def _bad(files, **fields):
     x = files["rows"][0]
-    return {**_record(x), **fields}
+    return {**fewrel_record(x), **fields}
 
 
 @pytest.mark.parametrize(("record", "words"), [
