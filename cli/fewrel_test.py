@@ -17,8 +17,8 @@ Subcommands:
   as :meth:`model.predict.predictor.Predictor.predict` runs it, the posterior samples seeded
   afresh with ``--seed`` per episode, so an episode's answer does not depend on the others.
   A way with a relation id gets the prior ``Predictor.set_support`` gives it (graph row, else
-  name and description from ``--pid2name``, else the fallback), one without the fallback;
-  the answer is the argmax of the predictive probabilities.
+  ``--pid2name``'s name and description, else the fallback), one without the fallback; the
+  answer is the argmax of the predictive probabilities.
 * ``make``: episodes of a FewRel-format file (``val_wiki.json``) as test input, with relation
   lists unless ``--no-relations``, and gold answers (the gold way at random).
 * ``score``: accuracy of an answer file against gold, with its normal 95% interval.
@@ -34,8 +34,7 @@ Usage:
         --input test.json --out pred.json [--pid2name pid2name.json] [--seed 0] [--device auto]
     regrab-fewrel-test score --pred pred.json --answers gold.json
 
-Shapes: E episodes, S posterior samples, N ways, K shots, D encoding size, U sentences.
-"""
+Shapes: E episodes, S posterior samples, N ways, K shots, D encoding size, U sentences."""
 
 from __future__ import annotations
 
@@ -53,7 +52,7 @@ from tqdm import tqdm
 
 from cli.files import check_readable
 from cli.guard import refuse_same, run_command
-from cli.limits import check_episodes, check_run_time, check_seed, check_threads
+from cli.limits import check_episodes, check_episodes_time, check_seed, check_threads
 from cli.text import lone_surrogate, shown
 from model.episodes import mean_ci95
 from model.evaluation.uncertainty import mc_log_probs
@@ -300,13 +299,7 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
     device = select_device(args.device, "--device")
     predictor = Predictor.from_checkpoint(args.checkpoint, device, seed=args.seed,
                                           batch_size=args.batch_size)
-    # Before anything is encoded: a chain of 10^9 steps per episode must not start.
-    sentences = list(dict.fromkeys(s for ep in episodes
-                                   for s in (*(s for way in ep.support for s in way), ep.query)))
-    ids = {r for ep in episodes for r in ep.relations or ()}
-    check_run_time(predictor, sentences, len(ids) if predictor.model.prior is not None else 0,
-                   "--input's distinct", len(episodes), max(ep.ways for ep in episodes),
-                   max(ep.shots for ep in episodes), "give fewer episodes (split --input)")
+    check_episodes_time(predictor, episodes)  # before anything is encoded or sampled
     answers, timing, priors = predict_episodes(predictor, episodes, names=names)
     _write_json(answers, args.out)
     total = timing["encode_s"] + timing["head_s"]

@@ -156,6 +156,18 @@ def check_run_time(predictor: Any, sentences: Sequence[Any], names: int, source:
     return total
 
 
+def check_episodes_time(predictor: Any, episodes: Sequence[Any]) -> float:
+    """:func:`check_run_time` for test episodes (``support``, ``query``, ``relations``, ``ways``
+    and ``shots`` each): their distinct sentences, the relation ids the prior reads, and one
+    posterior chain per episode (a chain of 10^9 steps per episode must not start)."""
+    sentences = list(dict.fromkeys(s for ep in episodes
+                                   for s in (*(s for way in ep.support for s in way), ep.query)))
+    ids = {r for ep in episodes for r in ep.relations or ()}
+    return check_run_time(predictor, sentences,
+                          len(ids) if predictor.model.prior is not None else 0,
+                          "--input's distinct", len(episodes), max(ep.ways for ep in episodes),
+                          max(ep.shots for ep in episodes), "give fewer episodes (split --input)")
+
 def add_run_options(parser: argparse.ArgumentParser, seed_help: str, chunk_help: str) -> None:
     """The options every command that runs a model shares: seed, device, batch, chunk and
     threads (checked by :func:`check_run_options`)."""

@@ -14,8 +14,7 @@ FewRel record (``tokens``, ``h``, ``t``) or FEWSHOT_SCHEMA columns; a ``.txt`` q
 one marked sentence per line. Queries may carry ``id`` and a gold ``relation`` (then the
 accuracy is printed). The output has one row per query: ``prediction`` (null when abstaining),
 ``best``, ``confidence``, ``abstain``, ``abstain_score``, ``entropy``, ``mutual_information``,
-the other uncertainty scores (null where they do not apply to the method) and
-``probabilities``.
+the other uncertainty scores (null where they do not apply) and ``probabilities``.
 
 A query abstains when its abstain score is above the (1 - ``--abstain-rate``) quantile of that
 score on in-set queries of the checkpoint's validation relations (never test ones), kept in
