@@ -71,14 +71,35 @@ def check_chain_time(model: Any, ways: int, shots: int, chains: int) -> float:
     a checkpoint stored it) for ``chains`` episodes of ``ways`` x ``shots`` would run past
     :data:`pipeline.budget.MAX_RUN_S` on this machine (a checkpoint with
     ``langevin.steps: 1000000000``), naming what they would cost; else their seconds."""
+    return _chains(model.config, model.encoder.out_dim, [(ways, shots, chains)],
+                   "this checkpoint's")
+
+
+def check_stored_chains(paths: Sequence[Any], settings: Sequence[Any], episodes: int) -> None:
+    """:func:`check_chain_time` for the checkpoint files ``paths`` before any is loaded:
+    ``episodes`` chains per setting (``ways`` and ``shots`` each), timed here at the default
+    encoding size (what matters is a chain of 10^9 steps, which no size makes short)."""
+    from model.files.checkpoint import read_checkpoint
+    from model.posterior.cost import DIM
+
+    for path in paths:
+        _chains(read_checkpoint(path).config, DIM,
+                [(s.ways, s.shots, episodes) for s in settings], f"{path}'s")
+
+
+def _chains(config: Any, dim: int, runs: Sequence[tuple[int, int, int]], whose: str) -> float:
+    """Seconds of the posterior chains ``runs`` (``(ways, shots, chains)`` each) of a model of
+    ``config``; refused past the week's bound."""
     from model.methods import registry
     from model.posterior.cost import chain_seconds
 
-    cfg = model.config.langevin
-    if registry.get(model.config.method).stepwise:
+    cfg = config.langevin
+    if registry.get(config.method).stepwise:
         cfg = dataclasses.replace(cfg, likelihood="softmax")
-    each = chain_seconds(cfg, ways, max(shots, 1), model.encoder.out_dim)
-    check_time(f"this checkpoint's posterior ({cfg.steps:,} Langevin steps per chain)", chains,
+    seconds = [chain_seconds(cfg, ways, max(shots, 1), dim) for ways, shots, _ in runs]
+    chains = sum(n for _, _, n in runs)
+    each = sum(s * n for s, (_, _, n) in zip(seconds, runs, strict=True)) / max(chains, 1)
+    check_time(f"{whose} posterior ({cfg.steps:,} Langevin steps per chain)", chains,
                each, "chain", "use a checkpoint trained with fewer model.langevin.steps")
     return chains * each
 

@@ -40,12 +40,13 @@ import torch
 
 from cli.files import check_readable
 from cli.guard import refuse_same, run_command
-from cli.limits import check_episodes, check_threads
+from cli.limits import check_episodes, check_stored_chains, check_threads
 from cli.predict import read_relation_texts
 from cli.text import lone_surrogate, shown
 from model.episodes import Setting
 from model.evaluation.splits import EvalConfig
 from model.evaluation.transfer import score_table
+from model.files.checkpoint import model_file
 from model.methods import registry
 from model.prior.labels import PRIOR_KINDS, TEXT_KINDS
 from pipeline import report
@@ -171,6 +172,11 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
         len(wanted or registry.names()) + 1),
         "--episodes" if args.episodes else f"{args.params} evaluate.episodes")
     check_threads(base.threads, f"{args.params} evaluate.threads")
+    # Before any model is loaded: a checkpoint with 10^9 Langevin steps must not start.
+    stored = [model_file(split / m) for split in sorted(args.models.glob("split_*"))
+              for m in wanted or registry.names()]
+    check_stored_chains([f for f in stored if f.is_file()], settings,
+                        args.episodes or base.episodes)
     set_threads(base.threads)
     device = select_device(base.device, f"{args.params} evaluate.device")
     with torch.no_grad():

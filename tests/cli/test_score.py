@@ -185,3 +185,26 @@ def test_checkpoint_from_another_encoder_is_refused(trained, tmp_path):
     with pytest.raises(PipelineError, match="different encoders"):
         score.score(["--data", str(data), "--models", str(models), "--out",
                      str(tmp_path / "x"), "--settings", "3w1s", "--params", str(p)])
+
+
+def test_a_checkpoint_whose_chains_would_run_past_a_week_is_refused_before_scoring(
+        trained, tmp_path, monkeypatch):
+    import shutil
+
+    root, p, _ = trained
+    models = tmp_path / "models"
+    shutil.copytree(root / "models", models)
+    path = models / "split_0" / "regrab" / "model.safetensors"
+    old = read_checkpoint(path)
+    config = dataclasses.replace(old.config, langevin=dataclasses.replace(
+        old.config.langevin, steps=10**12, likelihood="softmax"))
+    save_checkpoint(path, dataclasses.replace(old, config=config))
+    scored = []
+    monkeypatch.setattr(score, "score_table", lambda *a, **k: scored.append(a))
+    data = _fewrel_json(tmp_path / "d.json", toy_table(["Q91", "Q92", "Q93"], 8, seed=2))
+    with pytest.raises(PipelineError) as err:
+        score.score(["--data", str(data), "--models", str(models), "--out",
+                     str(tmp_path / "x"), "--settings", "3w1s", "--params", str(p)])
+    assert "(1,000,000,000,000 Langevin steps per chain) would take" in str(err.value)
+    assert str(path) in str(err.value) and "fewer model.langevin.steps" in str(err.value)
+    assert not scored and not list(tmp_path.glob("x*"))
