@@ -205,6 +205,10 @@ def upgrade(d: Any) -> Any:
     if isinstance(d.get("prior"), dict) and "zero_shot_mean" not in d["prior"]:
         # Written before model.prior.zero_shot_mean existed: zero-shot training sampled.
         d["prior"] = {**d["prior"], "zero_shot_mean": False}
+    if isinstance(d.get("prior"), dict) and "named" not in d["prior"]:
+        # Written before model.prior.named existed: a named relation's graph term was the
+        # fallback vector.
+        d["prior"] = {**d["prior"], "named": "fallback"}
     if isinstance(d.get("prior"), dict) and "mix" not in d["prior"]:
         # Written before model.prior.mix existed: h_r as trained.
         d["prior"] = {**d["prior"], "mix": "fixed"}

@@ -77,6 +77,12 @@ class GraphPriorConfig:
         mix: ``fixed``: h_r as trained; ``heldout``: at evaluation the graph term's deviation
             from its mean and the label term are weighted by two numbers chosen on the split's
             validation relations (:func:`model.prior.mix.fit_mix`).
+        named: what a relation outside the graph that is named at evaluation or prediction
+            (:meth:`GraphPrior.add_names`) has in place of the graph term: ``graph_mean``, the
+            graph term's mean over the graph, where every graph relation's prior sits;
+            ``fallback``, the learned fallback vector, which only the training relations
+            absent from the graph train (often none, so it stays near 0, far from every
+            encoding).
     """
 
     kind: Literal["gcn", "mlp", "none"] = field(
@@ -104,6 +110,11 @@ class GraphPriorConfig:
             "weights the graph term's deviation from its mean and the label term by two numbers "
             "chosen at every validation on the split's validation relations (weights 0 and 1: "
             "the label encoding alone, as proto_label)")
+    named: Literal["graph_mean", "fallback"] = field(
+        doc="the graph term of a relation outside the graph named at evaluation or prediction "
+            "(its prior reads its name): graph_mean, the graph term's mean over the graph, "
+            "where graph relations' priors sit; fallback: the learned fallback vector, which "
+            "only training relations absent from the graph train")
 
 
 class GraphPrior(nn.Module):
@@ -152,7 +163,8 @@ class GraphPrior(nn.Module):
             # (graph weight, label weight) used outside training; (1, 1) is h_r as trained.
             self.register_buffer("mix", torch.ones(2))
         # Relations outside the graph named at prediction time (:meth:`add_names`): rows
-        # R, R+1, ... whose prior is the fallback plus their name's label term. Not saved.
+        # R, R+1, ... whose prior is model.prior.named's graph term plus their name's label term.
+        # Not saved.
         self.named: list[str] = []
         self.named_described: set[str] = set()
         self.register_buffer("named_text", torch.zeros(0, out_dim), persistent=False)
@@ -201,7 +213,8 @@ class GraphPrior(nn.Module):
                   descriptions: dict[str, str | None] | None = None) -> None:
         """Give relations outside the graph a prior read from their names.
 
-        Each named relation absent from the graph gets the shared fallback vector plus the
+        Each named relation absent from the graph gets the graph term's mean over the graph
+        (``named: graph_mean``) or the shared fallback vector (``named: fallback``), plus the
         label term of its name, ``g (e_name - mean)``, exactly as a graph relation's label
         adds to its graph term; relations with no name (None) keep the fallback alone. Needs
         ``text: true`` (a graph-only prior reads no names); replaces earlier names. With
@@ -360,9 +373,20 @@ class GraphPrior(nn.Module):
             x = torch.cat([x, self._named_states()])  # (R + M, D)
         return x
 
+    def _named_base(self) -> torch.Tensor:
+        """The graph term of a named relation (``model.prior.named``): the graph term's mean
+        over the graph, or the fallback vector.
+
+        Shapes:
+            -> (D,)
+        """
+        if self.config.named == "graph_mean":
+            return self._graph_states(None).mean(0)
+        return self.fallback
+
     def _named_states(self) -> torch.Tensor:
         """Prior means of the relations named by :meth:`add_names`: (M, D)."""
-        return self.fallback + self._label_gain() * self.named_text
+        return self._named_base() + self._label_gain() * self.named_text
 
     def forward(self, rows: torch.Tensor, text: torch.Tensor | None = None) -> torch.Tensor:
         """Prior means for graph rows (-1 = fallback).

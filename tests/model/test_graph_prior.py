@@ -12,11 +12,12 @@ from pipeline.errors import PipelineError
 from pipeline.schemas import FEWSHOT_SCHEMA, GRAPH_SCHEMA, RELATIONS_SCHEMA
 
 
-def _config(layers=1, hidden=5, kind="gcn", text=False, descriptions=False, mix="fixed"):
+def _config(layers=1, hidden=5, kind="gcn", text=False, descriptions=False, mix="fixed",
+            named="graph_mean"):
     """A full GraphPriorConfig (the dataclass has no defaults)."""
     return GraphPriorConfig(kind=kind, layers=layers, hidden=hidden, normalize_features=True,
                             scale=1.0, text=text, descriptions=descriptions, mix=mix,
-                            zero_shot_mean=False)
+                            zero_shot_mean=False, named=named)
 
 
 def _graph(dim=6):
@@ -184,7 +185,7 @@ def _tiny_encoder(tmp_path):
 def test_named_relations_outside_the_graph_get_a_label_prior(tmp_path):
     encoder = _tiny_encoder(tmp_path)
     g = _labelled_graph({"P1": "w1", "P2": "w2 w3"})
-    prior = GraphPrior(_config(text=True), g, out_dim=encoder.out_dim)
+    prior = GraphPrior(_config(text=True, named="fallback"), g, out_dim=encoder.out_dim)
     prior.set_text([0, 1], torch.randn(2, encoder.out_dim, generator=torch.Generator()
                                        .manual_seed(1)))
     with torch.no_grad():
@@ -213,6 +214,38 @@ def test_named_relations_outside_the_graph_get_a_label_prior(tmp_path):
     plain = GraphPrior(_config(), g, out_dim=encoder.out_dim)
     plain.add_names({"w4_w5": "w4 w5"}, encoder)
     assert plain.prior_kind("w4_w5") == "fallback"
+
+
+@pytest.mark.parametrize("mix", ["fixed", "heldout"])
+def test_named_relations_sit_where_the_graph_relations_do(tmp_path, mix):
+    """``named: graph_mean``: a named relation's prior is the graph term's mean over the graph
+    plus its label term, not the fallback vector (which only relations absent from the
+    training graph train); an unnamed unknown relation keeps the fallback."""
+    encoder = _tiny_encoder(tmp_path)
+    g = _labelled_graph({"P1": "w1", "P2": "w2 w3"})
+    prior = GraphPrior(_config(text=True, mix=mix), g, out_dim=encoder.out_dim).eval()
+    prior.set_text([0, 1], torch.randn(2, encoder.out_dim, generator=torch.Generator()
+                                       .manual_seed(1)))
+    with torch.no_grad():
+        prior.text_gain.fill_(1.5)
+        prior.fallback.normal_()
+        prior.convs[0].bias.add_(3.0)  # the graph term far from the fallback
+        if mix == "heldout":
+            prior.mix.copy_(torch.tensor([0.5, 0.75]))
+    prior.add_names({"w4_w5": "w4 w5"}, encoder)
+    with torch.no_grad():
+        graph_term = prior.node_states()[:4] - prior._label_gain() * prior.text
+        rows = prior.index(["w4_w5", "P99"])
+        h = prior(rows)
+    table = pa.Table.from_pylist([label_sentence("x", "w4 w5")], schema=FEWSHOT_SCHEMA)
+    with torch.no_grad():
+        e = encoder(encoder.tokenize(table).batch([0]))[0]
+    gain = 1.5 * (0.75 if mix == "heldout" else 1.0)
+    expect = graph_term.mean(0) + gain * (e - prior.text_mean)
+    assert torch.allclose(h[0], expect, atol=1e-5)
+    assert torch.allclose(prior.node_states()[4], expect, atol=1e-5)
+    assert not torch.allclose(h[0], prior.fallback + gain * (e - prior.text_mean), atol=1e-2)
+    assert torch.equal(h[1], prior.fallback)
 
 
 def _mixed_prior(layers=1):

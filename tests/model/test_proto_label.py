@@ -15,7 +15,7 @@ from tests.model.tiny_regrab import random_episode, registered, train_evaluate_r
 def _prior(text=True, dim=6):
     cfg = GraphPriorConfig(kind="gcn", layers=1, hidden=5, normalize_features=True, scale=1.0,
                            text=text, descriptions=False, mix="fixed",
-                           zero_shot_mean=False)
+                           zero_shot_mean=False, named="graph_mean")
     return LabelPrior(cfg, _labelled_graph({"P1": "w1", "P2": "w2 w3"}), out_dim=dim)
 
 

@@ -144,3 +144,4 @@ def test_checkpoints_written_before_keep_their_behaviour():
 def test_checkpoints_written_before_the_heldout_mix_keep_their_prior():
     old = upgrade({"prior": {"text": True}})["prior"]
     assert old["mix"] == "fixed" and old["zero_shot_mean"] is False
+    assert old["named"] == "fallback"  # a named relation's graph term was the fallback
