@@ -54,12 +54,10 @@ class Head(Protocol):
     #: Whether one way's prototype depends on other ways' support.
     couples_ways: bool
     #: Whether ``sample_logits`` takes ``shots`` (per-way counts of a padded support); a head
-    #: without it gets unequal shots oversampled to equal ones (:func:`head_logits`), or
-    #: averaged over ``balanced_members`` balanced subsamples when that is above 0.
+    #: without it gets unequal shots oversampled to equal ones (:func:`head_logits`), or, when
+    #: it has ``balanced_members`` above 0, the average of that many balanced subsamples
+    #: (:mod:`model.posterior.subsample`; optional, 0 when absent).
     unequal_shots: bool
-    #: Balanced subsamples a head built for equal shots averages over on unequal shots
-    #: (:mod:`model.posterior.subsample`); 0: oversampling.
-    balanced_members: int
 
     def prior_states(self) -> torch.Tensor | None:
         """Prior means of every graph relation, computed once per evaluation (or None)."""
