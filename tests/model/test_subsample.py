@@ -14,6 +14,7 @@ from model.config import RegrabConfig
 from model.episodes import log_predictive_batches
 from model.evaluation.shots import step_share
 from model.evaluation.support_noise import support_suspicion
+from model.methods import registry
 from model.methods.base import PrototypeHead
 from model.methods.bmaml import BmamlHead
 from model.methods.maml import MamlHead
@@ -124,7 +125,10 @@ def test_the_step_protocol_gives_the_five_sentence_way_its_share_only(name):
     assert 0.14 < share[3] < 0.26
 
 
-def test_old_checkpoints_keep_oversampling():
+def test_heads_take_the_key_and_old_checkpoints_keep_oversampling():
+    for name in ("maml", "versa", "bmaml"):
+        config = model_config(name, langevin={"balanced_members": 4})
+        assert registry.get(name).build(config, None, D).balanced_members == 4
     cfg = model_config("maml").to_dict()
     del cfg["langevin"]["balanced_members"]
     assert RegrabConfig.from_dict(cfg).langevin.balanced_members == 0
