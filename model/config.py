@@ -227,6 +227,9 @@ def upgrade(d: Any) -> Any:
     if isinstance(d.get("langevin"), dict) and "prototype_scoring" not in d["langevin"]:
         # Written before model.langevin.prototype_scoring existed: plain support means.
         d["langevin"] = {**d["langevin"], "prototype_scoring": "mean"}
+    if isinstance(d.get("langevin"), dict) and "balanced_members" not in d["langevin"]:
+        # Written before model.langevin.balanced_members existed: oversampled to equal shots.
+        d["langevin"] = {**d["langevin"], "balanced_members": 0}
     method = d.get("method")
     if isinstance(method, str) and method in OLD_HEAD_SIZES and method not in d:
         # Written before model.heads existed: the head had the code's sizes.

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from model.posterior.shots import head_logits
 from pipeline.errors import PipelineError
 from pipeline.report import normal_ci95
 
@@ -178,8 +179,10 @@ def log_predictive_batches(
         samples: yield ``head.sample_logits`` (the log-predictive is
             :func:`model.methods.base.mc_log_predictive` of them, for every head).
         shots: each way's count when they differ (``support`` cycled as in
-            :class:`Episodes`): a head with ``unequal_shots`` gets the counts, any other the
-            cycled rows, i.e. the support oversampled to equal shots. None: every way has K.
+            :class:`Episodes`), scored as :func:`~model.posterior.shots.head_logits` says: a
+            head with ``unequal_shots`` reads the counts, one with ``balanced_members``
+            averages balanced subsamples, any other reads the cycled rows, i.e. the support
+            oversampled to equal shots. None: every way has K.
 
     Shapes:
         encodings: (n, D), relation: (B, N), support: (B, N, K), query: (B, Q),
@@ -188,19 +191,21 @@ def log_predictive_batches(
     """
     dev = encodings.device
     states = head.prior_states()
-    counts = shots is not None and getattr(head, "unequal_shots", False)
+    counts = shots is not None and (getattr(head, "unequal_shots", False)
+                                    or getattr(head, "balanced_members", 0) > 0)
     for start in range(0, len(relation), batch_size):
         stop = start + batch_size
         sup = encodings[torch.from_numpy(support[start:stop]).to(dev)]  # (B, N, K, D)
         qry = encodings[torch.from_numpy(query[start:stop]).to(dev)]  # (B, Q, D)
         rows = relation_rows.to(dev)[torch.from_numpy(relation[start:stop]).to(dev)]  # (B, N)
         h = head.prior_means(states, rows)
-        score = head.sample_logits if samples else head.log_predictive
         k = torch.from_numpy(shots[start:stop]).to(dev) if counts else None
-        if k is not None and bool((k != sup.shape[2]).any()):
-            yield score(sup, qry, h, generator, shots=k)
+        if samples:
+            yield head_logits(head, sup, qry, h, generator, k)
+        elif k is not None and bool((k != sup.shape[2]).any()):
+            yield head.log_predictive(sup, qry, h, generator, shots=k)
         else:
-            yield score(sup, qry, h, generator)
+            yield head.log_predictive(sup, qry, h, generator)
 
 
 @torch.no_grad()

@@ -13,7 +13,9 @@ A method module imports this module, :class:`~model.methods.registry.Method` and
   the queries (``versa``, ``bmaml``).
 * :func:`require_shots`, :func:`episode_chunks`: refusing K = 0, scoring in chunks.
 * ways with unequal shots (a padded support and per-way counts) are scored in one call by
-  :func:`~model.posterior.shots.head_logits` (:mod:`model.posterior.shots`).
+  :func:`~model.posterior.shots.head_logits` (:mod:`model.posterior.shots`; the heads built
+  for equal shots that fit the support, maml, versa and bmaml, average balanced subsamples,
+  :mod:`model.posterior.subsample`).
 
 Shapes:
     B episodes, S samples, N ways, K shots, Q queries, D encoding size (see :mod:`model`).
@@ -52,7 +54,9 @@ class Head(Protocol):
     #: Whether one way's prototype depends on other ways' support.
     couples_ways: bool
     #: Whether ``sample_logits`` takes ``shots`` (per-way counts of a padded support); a head
-    #: without it gets unequal shots oversampled to equal ones (:func:`head_logits`).
+    #: without it gets unequal shots oversampled to equal ones (:func:`head_logits`), or, when
+    #: it has ``balanced_members`` above 0, the average of that many balanced subsamples
+    #: (:mod:`model.posterior.subsample`; optional, 0 when absent).
     unequal_shots: bool
 
     def prior_states(self) -> torch.Tensor | None:
@@ -179,6 +183,7 @@ class PriorFreeHead(PredictiveHead):
     prior = None
     couples_ways = False
     unequal_shots = False
+    balanced_members = 0
 
     def prior_states(self) -> None:
         return None
@@ -230,19 +235,26 @@ def gaussian_samples(mean: torch.Tensor, std: torch.Tensor, samples: int,
 class SampledPrototypeHead(PriorFreeHead):
     """Prototype samples drawn from the support by :meth:`sample_prototypes`, each compared
     to the queries with the project's similarity and temperature (``model.langevin``); the
-    predictive averages over the samples. Shared by Versa and BMAML."""
+    predictive averages over the samples. Shared by Versa and BMAML; unequal shots are
+    scored as ``model.langevin.balanced_members`` says."""
 
     def __init__(self, config: LangevinConfig) -> None:
         super().__init__()
         self.config = config
+        self.balanced_members = config.balanced_members
 
     def noisy(self) -> bool:
         """Whether to sample (``noise_train``/``noise_eval``); else one point estimate."""
         return self.config.noise_train if self.training else self.config.noise_eval
 
+    def draws(self) -> int:
+        """S, the prototype samples drawn per episode now (training or evaluation)."""
+        raise NotImplementedError
+
     def sample_prototypes(self, support: torch.Tensor,
-                          generator: torch.Generator | None = None) -> torch.Tensor:
-        """S prototype samples per way.
+                          generator: torch.Generator | None = None,
+                          draws: int | None = None) -> torch.Tensor:
+        """S prototype samples per way (``draws`` of them when given, else :meth:`draws`).
 
         Shapes:
             support: (B, N, K, D) -> (B, S, N, D)
@@ -250,14 +262,15 @@ class SampledPrototypeHead(PriorFreeHead):
         raise NotImplementedError
 
     def sample_logits(self, support: torch.Tensor, query: torch.Tensor,
-                      h: torch.Tensor | None = None, generator: torch.Generator | None = None
-                      ) -> torch.Tensor:
-        """Query logits under every prototype sample.
+                      h: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                      draws: int | None = None) -> torch.Tensor:
+        """Query logits under every prototype sample; ``draws`` samples when given (the
+        balanced members of :mod:`model.posterior.subsample` share the head's S).
 
         Shapes:
             support: (B, N, K, D), query: (B, Q, D) -> (B, S, Q, N)
         """
-        v = self.sample_prototypes(support, generator)  # (B, S, N, D)
+        v = self.sample_prototypes(support, generator, draws)  # (B, S, N, D)
         return prototype_logits(query, v, self.config.similarity, self.config.temperature)
 
 

@@ -42,6 +42,10 @@ Where ours differs from the paper, and why:
   needs a second, longer SVGD run on support plus queries per step.
 * ``model.langevin.noise_train``/``noise_eval`` apply as for REGRAB: with noise off one
   particle starts at the support means, and SVGD becomes gradient ascent on the posterior.
+* Ways with unequal shots: the average of ``model.langevin.balanced_members`` SVGD runs, each
+  on the support with every way cut to the smallest way's count
+  (:mod:`model.posterior.subsample`); oversampled, the way with more sentences drew the
+  queries.
 
 Shapes:
     B episodes, M particles (S in the head's outputs), N ways, K shots, Q queries, D
@@ -152,18 +156,23 @@ class BmamlHead(SampledPrototypeHead):
         shrink = resid.sum(-1, keepdim=True) + cfg.prior_precision  # (B, M, N, 1)
         return torch.addcmul(grad, shrink, v, value=-1.0)
 
-    def particles(self, support: torch.Tensor,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
+    def draws(self) -> int:
+        """M, the particles: ``samples`` (1 without noise)."""
+        return self.config.samples if self.noisy() else 1
+
+    def particles(self, support: torch.Tensor, generator: torch.Generator | None = None,
+                  draws: int | None = None) -> torch.Tensor:
         """Initial particles, then ``steps`` SVGD steps on the support.
 
         Shapes:
-            support: (B, N, K, D) with K >= 1 -> (B, M, N, D), M = ``samples`` (1 without
-            noise)
+            support: (B, N, K, D) with K >= 1 -> (B, M, N, D), M = ``draws`` or
+            :meth:`draws`
         """
         require_shots(support, "bmaml")
         mean = support.mean(2)  # (B, N, D)
         if self.noisy():
-            v = gaussian_samples(mean, self.log_init_std.exp(), self.config.samples, generator)
+            v = gaussian_samples(mean, self.log_init_std.exp(), draws or self.draws(),
+                                 generator)
         else:
             v = mean[:, None]  # (B, 1, N, D)
         eps = self.log_step_size.exp()

@@ -39,6 +39,10 @@ Where ours differs from the papers:
 * The initialisation has the learned metric gamma (Proto-MAML's has none) and the
   project's temperature T; learned per-step learning rates instead of a fixed alpha.
 * Episodes, encoder, optimizer and budget are the project's (see :mod:`model.training.loop`).
+* Ways with unequal shots are scored as the average of ``model.langevin.balanced_members``
+  adaptations, each to the support with every way cut to the smallest way's count
+  (:mod:`model.posterior.subsample`): oversampled, the inner loop fitted five copies of one
+  sentence as tightly as five sentences and the way with more sentences drew the queries.
 
 Evaluation calls the head under ``torch.no_grad()``; the inner loop turns gradients back
 on for itself, and outside training (``self.training`` False) everything is detached
@@ -132,11 +136,14 @@ class MamlHead(PriorFreeHead):
     couples_ways = True
 
     def __init__(self, temperature: float, dim: int, steps: int = INNER_STEPS,
-                 lr: float = INNER_LR, first_order: bool = False) -> None:
+                 lr: float = INNER_LR, first_order: bool = False, members: int = 0) -> None:
+        """``members``: balanced subsamples averaged on unequal shots (0: oversampling;
+        ``model.langevin.balanced_members``)."""
         super().__init__()
         if steps < 0 or lr <= 0:
             raise ValueError(f"maml needs steps >= 0 and a learning rate > 0, got {steps}, {lr}")
         self.temperature = temperature
+        self.balanced_members = members
         self.first_order = first_order
         self.log_metric = nn.Parameter(torch.zeros(dim))  # log gamma
         self.log_lr = nn.Parameter(torch.full((steps,), math.log(lr)))  # log alpha_s
@@ -188,7 +195,8 @@ class MamlHead(PriorFreeHead):
 
 
 def _maml(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> MamlHead:
-    return MamlHead(config.langevin.temperature, dim)
+    return MamlHead(config.langevin.temperature, dim,
+                    members=config.langevin.balanced_members)
 
 
 METHODS = (

@@ -35,6 +35,10 @@ Where ours differs from the paper, and why:
   queries (NOTA) does not change the others' scores, as for REGRAB.
 * ``model.langevin.noise_train``/``noise_eval`` apply as for REGRAB: with noise off the
   posterior mean is used (S = 1), a point estimate.
+* Ways with unequal shots: the average of ``model.langevin.balanced_members`` posteriors, each
+  amortised from the support with every way cut to the smallest way's count
+  (:mod:`model.posterior.subsample`); instance pooling reads no count, and the mean of more
+  sentences drew the queries.
 
 Shapes:
     B episodes, S samples, N ways, K shots, Q queries, D encoding size, H hidden width.
@@ -111,19 +115,23 @@ class VersaHead(SampledPrototypeHead):
         """
         return gaussian_kl_to_standard_normal(*self.posterior(support))
 
+    def draws(self) -> int:
+        """``samples`` in training, ``eval_samples`` (when set) at evaluation, 1 without noise."""
+        return self.config.draws(self.training) if self.noisy() else 1
+
     def sample_prototypes(self, support: torch.Tensor,
-                          generator: torch.Generator | None = None) -> torch.Tensor:
+                          generator: torch.Generator | None = None,
+                          draws: int | None = None) -> torch.Tensor:
         """S reparameterised prototype samples per way (the mean alone without noise).
 
         Shapes:
-            support: (B, N, K, D) -> (B, S, N, D), S = ``samples`` in training and
-            ``eval_samples`` (when set) at evaluation (1 without noise)
+            support: (B, N, K, D) -> (B, S, N, D), S = ``draws`` or :meth:`draws`
         """
         mean, log_var = self.posterior(support)
         if not self.noisy():
             return mean[:, None]  # (B, 1, N, D)
-        return gaussian_samples(mean, (0.5 * log_var).exp()[:, None],
-                                self.config.draws(self.training), generator)
+        return gaussian_samples(mean, (0.5 * log_var).exp()[:, None], draws or self.draws(),
+                                generator)
 
 
 def _versa(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> VersaHead:

@@ -79,8 +79,7 @@ class LangevinConfig:
         step_size: eps (paper: 0.1).
         step_decay: eps is multiplied by this after every step (1.0 = constant; the authors'
             code used 0.01, which freezes the chain after the first step).
-        init_prior_weight: a in ``m_r + a * h_r - b * m``.
-        init_mean_weight: b in the same formula.
+        init_prior_weight, init_mean_weight: a and b in ``m_r + a * h_r - b * m``.
         temperature: T; query logits are ``sim / T`` (and the softmax likelihoods' too).
         similarity: ``dot`` (paper) or ``euclidean`` (``-||x - v||^2 / 2``, appendix C).
         likelihood: ``gaussian``, ``softmax`` or ``softmax_mean`` (see the module doc).
@@ -88,14 +87,12 @@ class LangevinConfig:
             ``scales`` is ``fixed``). 0 is a flat prior (the graph has no say); it needs
             ``scales: fixed``, since log 0 cannot be learned or estimated, and any other
             ``scales`` is refused rather than silently treated as fixed.
-        likelihood_variance: sigma^2 of the ``gaussian`` likelihood (likewise; unused by the
-            softmax likelihoods).
+        likelihood_variance: sigma^2 of the ``gaussian`` likelihood (likewise).
         scales: ``fixed`` (the two numbers above), ``learned`` (log lambda and log sigma^2
             trained end to end by the few-shot loss) or ``heldout``: empirical Bayes on
             relations the model is not trained on, re-estimated from the validation
-            relations at every validation (:func:`~model.posterior.target.heldout_scales`),
-            so lambda says how well the prior predicts *unseen* relations, which is what test
-            relations are.
+            relations at every validation (:func:`~model.posterior.target.heldout_scales`):
+            how well the prior predicts *unseen* relations, as test relations are.
         prior_trust: ``fixed`` (every way's prior has precision lambda) or ``evidence``: per
             episode, empirical Bayes on its support (:func:`way_precision`). Under the model
             a way's support mean satisfies ``E |m_r - h_r|^2 / D = 1/lambda + sigma^2/K``; an
@@ -108,13 +105,12 @@ class LangevinConfig:
         noise_eval: add it at evaluation (off: S collapses to one deterministic chain and
             the predictive is a point estimate, not a posterior average).
         eval_samples: S at evaluation and prediction (0: ``samples``). Training needs few
-            samples for its gradient; the predictive of a scored episode is a Monte Carlo
-            average, and more samples estimate the same average with less noise (REGRAB's
-            chains and Versa's draws; BMAML's interacting particles stay ``samples``).
+            samples for its gradient; more estimate the predictive's Monte Carlo average with
+            less noise (REGRAB's chains, Versa's draws; BMAML's particles stay ``samples``).
         predictive, predictive_dims: REGRAB's scores at evaluation and prediction
             (:func:`~model.posterior.logits.predictive_shift`, docs/model.md#unequal-shots).
-        prototype_scoring: the prototype baselines' scores of unequal shots
-            (:func:`model.methods.base.scored_prototypes`).
+        prototype_scoring, balanced_members: the prototype baselines' and maml, versa and
+            bmaml's scores of unequal shots (:mod:`model.posterior.shots`).
     """
 
     samples: int = field(ge=1, le=10_000,
@@ -173,6 +169,10 @@ class LangevinConfig:
             "normalised (each prototype at its encodings' length) or unbiased (the squared "
             "distance less its prototype's sampling noise, tr Sigma / k_r, pooled over the "
             "episode; balanced episodes score as mean)")
+    balanced_members: int = field(ge=0, le=100, doc=(
+        "maml, versa and bmaml on unequal shots: the average of this many fits, each with "
+        "every way cut to the smallest way's count (0: oversampled to the largest count); "
+        "balanced episodes score as before"))
 
     def draws(self, training: bool) -> int:
         """Independent samples per episode: ``samples`` in training, ``eval_samples`` (when

@@ -2,7 +2,9 @@
 
 An episode whose ways have unequal shots is a support padded to the largest count K plus each
 way's count (B, N). :func:`head_logits` scores it in one call: a head with ``unequal_shots``
-takes the counts, any other gets each way's sentences repeated up to K (:func:`oversample`).
+takes the counts, one with ``balanced_members`` an average over balanced subsamples
+(:mod:`model.posterior.subsample`), any other each way's sentences repeated up to K
+(:func:`oversample`).
 The helpers read only a way's real shots (:func:`support_mean`, :func:`support_sum`,
 :func:`shot_mask`, :func:`shot_counts`); :func:`scored_prototypes` is how the prototype
 baselines keep a way with more shots from drawing the queries (docs/model.md#unequal-shots).
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 
 from model.posterior.logits import similarity_logits
+from model.posterior.subsample import subsample_logits
 from pipeline.errors import PipelineError
 
 
@@ -74,6 +77,13 @@ def support_mean(support: torch.Tensor, shots: torch.Tensor | None) -> torch.Ten
     return support_sum(support, shots) / shot_counts(support, shots)
 
 
+def require_every_way(shots: torch.Tensor) -> None:
+    """Refuse a way without sentences in an episode for a head built for equal shots."""
+    if bool((shots < 1).any()):
+        raise PipelineError("this method needs K >= 1 support sentences for every way when "
+                            "the ways have unequal shots; give every relation a sentence")
+
+
 def oversample(support: torch.Tensor, shots: torch.Tensor) -> torch.Tensor:
     """Every way's shots repeated in order up to K (slot j holds shot ``j mod k_r``): random
     oversampling to equal shots (Ochal et al., 2023) made deterministic, what a user of a
@@ -82,9 +92,7 @@ def oversample(support: torch.Tensor, shots: torch.Tensor) -> torch.Tensor:
     Shapes:
         support: (B, N, K, D), shots: (B, N) with every count >= 1 -> (B, N, K, D)
     """
-    if bool((shots < 1).any()):
-        raise PipelineError("this method needs K >= 1 support sentences for every way when "
-                            "the ways have unequal shots; give every relation a sentence")
+    require_every_way(shots)
     k = torch.arange(support.shape[2], device=support.device)
     slot = k % shots[..., None].to(support.device)  # (B, N, K)
     return support.gather(2, slot[..., None].expand_as(support))
@@ -97,8 +105,10 @@ def head_logits(head: torch.nn.Module, support: torch.Tensor, query: torch.Tenso
 
     ``support`` is padded to the largest count K and ``shots`` holds each way's count. When
     every way has K (or ``shots`` is None) the head is called exactly as for a balanced
-    episode; otherwise a head with ``unequal_shots`` gets the counts, and any other head the
-    support oversampled to K shots per way (:func:`oversample`).
+    episode; otherwise a head with ``unequal_shots`` gets the counts, a head with
+    ``balanced_members`` M > 0 the average of M balanced subsamples
+    (:func:`~model.posterior.subsample.subsample_logits`), and any other head
+    the support oversampled to K shots per way (:func:`oversample`).
 
     Shapes:
         support: (B, N, K, D), query: (B, Q, D), h: (B, N, D) or None, shots: (B, N) or None
@@ -108,6 +118,10 @@ def head_logits(head: torch.nn.Module, support: torch.Tensor, query: torch.Tenso
         return head.sample_logits(support, query, h, generator)
     if getattr(head, "unequal_shots", False):
         return head.sample_logits(support, query, h, generator, shots=shots)
+    members = getattr(head, "balanced_members", 0)
+    if members > 0:
+        require_every_way(shots)
+        return subsample_logits(head, support, query, h, generator, shots, members)
     return head.sample_logits(oversample(support, shots), query, h, generator)
 
 

@@ -22,9 +22,9 @@ proto_label, scored as ``prototype_scoring`` says), and REGRAB's
 ``gaussian`` posterior gives each way the posterior of its own sentences; with ``predictive:
 gaussian`` its scores are the posterior predictive, whose per-way variance keeps a way with
 more sentences from drawing the queries (docs/model.md#unequal-shots). A head that needs
-equal K (the ``softmax`` likelihoods, the comparison methods) gets each way's sentences
-repeated in order up to the largest K (oversampling), and cannot mix zero-shot ways with
-few-shot ones.
+equal K cannot mix zero-shot ways with few-shot ones: maml, versa and bmaml average fits to
+the support cut to the smallest K (:mod:`model.posterior.subsample`), the others (``softmax``
+likelihoods, gnn, snail, pair) get each way's sentences repeated up to the largest K.
 Prototype samples depend on the support and the seed only, so a query's result does not
 depend on which batch it comes in (beyond the encoder's float rounding of padded batches).
 
@@ -348,6 +348,9 @@ class Predictor:
             raise PipelineError(
                 f"this checkpoint's {why} needs equal K, so zero-shot relations cannot be "
                 "mixed with few-shot ones; predict them in separate runs")
+        if (members := getattr(self.model.head, "balanced_members", 0)) > 0:
+            return (f"unequal K: the {why} needs equal K, so it averages {members} fits, each "
+                    f"with every relation cut to K={min(shots)} of its sentences (in turn)")
         return (f"unequal K: the {why} needs equal K, so each relation's sentences are "
                 f"repeated in order up to K={max(shots)} (oversampling); predictions may lean "
                 "towards the relations with more sentences")

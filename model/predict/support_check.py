@@ -21,6 +21,7 @@ import torch
 
 from model.evaluation.support_noise import support_suspicion
 from model.files.suspicion_cutoff import SuspicionCutoff
+from model.posterior.shots import padded_support
 
 
 @dataclass
@@ -57,7 +58,9 @@ class SupportCheck:
 @torch.no_grad()
 def check_support(head: Any, enc: torch.Tensor, used: list[int], h: torch.Tensor | None,
                   relations: list[str], cutoff: SuspicionCutoff | None) -> SupportCheck:
-    """The :class:`SupportCheck` of a support set.
+    """The :class:`SupportCheck` of a support set, scored as one padded episode
+    (:func:`~model.posterior.shots.padded_support`; the scores read each relation's own
+    sentences only, by the counts).
 
     Args:
         head: the model's head.
@@ -70,13 +73,9 @@ def check_support(head: Any, enc: torch.Tensor, used: list[int], h: torch.Tensor
     Shapes:
         enc: (sum used, D), h: (1, N, D) or None
     """
-    n, k, d = len(used), max(used), enc.shape[-1]
-    padded = enc.new_zeros(1, n, max(k, 1), d, dtype=torch.float64)
-    start = 0
-    for i, u in enumerate(used):
-        padded[0, i, :u] = enc[start:start + u].double()
-        start += u
-    counts = torch.tensor([used], device=enc.device)
+    padded, counts = padded_support(enc.double(), used)  # (1, N, K, D), (1, N)
+    if not max(used):  # every relation zero-shot: one slot, masked out by the counts
+        padded = padded.new_zeros(1, len(used), 1, enc.shape[-1])
     found = support_suspicion(head, padded, None if h is None else h.double(), counts)[0]
     scores = [[None if math.isnan(v) else float(f"{v:.6g}") for v in found[i, :u].tolist()]
               for i, u in enumerate(used)]

@@ -199,16 +199,22 @@ def test_unbiased_prototypes_score_balanced_episodes_as_plain_means():
                                torch.log_softmax(plain.sample_logits(support, query), -1))
 
 
-def test_unbiased_prototypes_take_the_shots_advantage_away():
-    # One way with 5 shots, four with 1, every relation's encodings around its own centre:
-    # plain means give the 5-shot way most queries, the unbiased distance about 1/N.
+def step_protocol(b: int = 400, n: int = 5, d: int = 64):
+    """One way with 5 shots, the others with 1, every relation's encodings (unit spread)
+    around its own centre; 4 queries per way. Support (B, N, 5, D), query (B, 4 N, D),
+    shots (B, N)."""
     torch.manual_seed(0)
-    b, n, d = 400, 5, 64
     centres = torch.randn(b, n, d) * 0.5
     support = centres[:, :, None] + torch.randn(b, n, 5, d)
     query = (centres[:, :, None] + torch.randn(b, n, 4, d)).reshape(b, n * 4, d)
     shots = torch.ones(b, n, dtype=torch.long)
     shots[:, 0] = 5
+    return support, query, shots
+
+
+def test_unbiased_prototypes_take_the_shots_advantage_away():
+    # Plain means give the 5-shot way most queries, the unbiased distance about 1/N.
+    support, query, shots = step_protocol()
     share = {}
     for scoring in ("mean", "unbiased"):
         head = PrototypeHead("euclidean", 1.0, scoring).eval()
