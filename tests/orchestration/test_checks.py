@@ -159,11 +159,15 @@ def test_the_temporary_server_gets_the_time_a_busy_machine_needs(monkeypatch):
     monkeypatch.setattr(flow_command.os, "getloadavg", lambda: (4.0, 4.0, 4.0))
     assert flow_command.server_startup_s() == 3 * flow_command.STARTUP_IDLE_S
     monkeypatch.delenv(flow_command.STARTUP_ENV, raising=False)
+    monkeypatch.delenv(flow_command.ANALYTICS_ENV, raising=False)
     flow_command.allow_server_startup()
     assert os.environ[flow_command.STARTUP_ENV] == str(3 * flow_command.STARTUP_IDLE_S)
-    monkeypatch.setenv(flow_command.STARTUP_ENV, "999")  # the user's own setting stays
+    assert os.environ[flow_command.ANALYTICS_ENV] == "false"
+    monkeypatch.setenv(flow_command.STARTUP_ENV, "999")  # the user's own settings stay
+    monkeypatch.setenv(flow_command.ANALYTICS_ENV, "true")
     flow_command.allow_server_startup()
     assert os.environ[flow_command.STARTUP_ENV] == "999"
+    assert os.environ[flow_command.ANALYTICS_ENV] == "true"
 
 
 def test_a_server_that_does_not_start_is_one_line(monkeypatch, capsys):
