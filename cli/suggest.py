@@ -45,13 +45,13 @@ from cli.predict import SHOWN_SKIPS, read_sentences, support_inputs
 from cli.text import shown
 from model.evaluation.uncertainty import mc_log_probs
 from model.predict.active import (
-    STRATEGIES,
     acquisition_scores,
     check_strategy,
     default_strategy,
     random_scores,
     ranking,
 )
+from model.predict.config import STRATEGIES
 from model.predict.predictor import NonFinite, Predictor
 
 OUTPUT_FORMATS = (".jsonl", ".csv", ".parquet")

@@ -1,8 +1,8 @@
 """The ``model`` section of ``params.yaml`` and the config a model is rebuilt from.
 
 ``params.yaml`` holds the values, the frozen dataclasses the schema
-(:class:`~model.encoder.sentence.EncoderConfig`, :class:`~model.prior.gcn.GraphPriorConfig`,
-:class:`~model.posterior.langevin.LangevinConfig`, and here the sizes of the comparison heads
+(:class:`~model.encoder.config.EncoderConfig`, :class:`~model.prior.config.GraphPriorConfig`,
+:class:`~model.posterior.config.LangevinConfig`, and here the sizes of the comparison heads
 that have networks of their own); :func:`pipeline.config.parse_section` validates them.
 :class:`ModelParams` is the section, :class:`RegrabConfig` one method's share of it, which a
 checkpoint stores so that the model can be rebuilt without ``params.yaml``.
@@ -18,9 +18,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from model.encoder.sentence import EncoderConfig
-from model.posterior.langevin import LangevinConfig
-from model.prior.gcn import GraphPriorConfig
+from model.encoder.config import EncoderConfig
+from model.posterior.config import LangevinConfig
+from model.prior.config import GraphPriorConfig
 from pipeline.config import field, parse_section, register_section
 from pipeline.errors import PipelineError
 

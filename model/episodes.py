@@ -4,6 +4,9 @@ The encoder sees one sentence at a time (no cross-sentence attention), so encodi
 sentence of a split once and assembling episodes from the cache gives exactly the numbers that
 re-encoding each episode would, at a tiny fraction of the cost (see benchmarks/bench_eval.py).
 
+Settings and sampling need numpy only; torch is imported by the loops that score episodes,
+so the params schemas that parse settings (``train``, ``evaluate``) load without it.
+
 Shapes:
     B episodes, N ways, K shots, Q queries per way, D encoding size, R graph relations.
 """
@@ -13,13 +16,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from model.posterior.shots import head_logits
 from pipeline.errors import PipelineError
 from pipeline.report import normal_ci95
+
+if TYPE_CHECKING:
+    import torch
 
 _SETTING = re.compile(r"^(\d+)w(\d+)s$")
 
@@ -140,6 +145,8 @@ def gather_episodes(encodings: torch.Tensor, episodes: Episodes) -> tuple[torch.
     Shapes:
         encodings: (n, D) -> support (B, N, K, D), query (B, N*Q, D), labels (B, N*Q)
     """
+    import torch
+
     dev = encodings.device
     support = encodings[torch.from_numpy(episodes.support).to(dev)]  # (B, N, K, D)
     b, n, q = episodes.query.shape
@@ -189,6 +196,10 @@ def log_predictive_batches(
         shots: (B, N) or None
         -> one (B_batch, Q, N) tensor per batch ((B_batch, S, Q, N) with ``samples``)
     """
+    import torch
+
+    from model.posterior.shots import head_logits
+
     dev = encodings.device
     states = head.prior_states()
     counts = shots is not None and (getattr(head, "unequal_shots", False)
@@ -208,7 +219,6 @@ def log_predictive_batches(
             yield head.log_predictive(sup, qry, h, generator)
 
 
-@torch.no_grad()
 def episode_accuracy(
     head: torch.nn.Module,
     encodings: torch.Tensor,
@@ -230,13 +240,16 @@ def episode_accuracy(
     Shapes:
         encodings: (n, D), relation_rows: (R_split,) -> (B,)
     """
+    import torch
+
     b, n, q = episodes.query.shape
     labels = torch.arange(n, device=encodings.device).repeat_interleave(q)  # (N*Q,)
-    accs = [(log_p.argmax(-1) == labels).float().mean(1).cpu().numpy()  # (B_batch,)
-            for log_p in log_predictive_batches(
-                head, encodings, episodes.relation, episodes.support,
-                episodes.query.reshape(b, n * q), relation_rows, batch_size, generator,
-                shots=episodes.shots)]
+    with torch.no_grad():
+        accs = [(log_p.argmax(-1) == labels).float().mean(1).cpu().numpy()  # (B_batch,)
+                for log_p in log_predictive_batches(
+                    head, encodings, episodes.relation, episodes.support,
+                    episodes.query.reshape(b, n * q), relation_rows, batch_size, generator,
+                    shots=episodes.shots)]
     return np.concatenate(accs)
 
 

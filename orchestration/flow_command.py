@@ -7,7 +7,10 @@ imported (the override's own section and the checks that read it are checked fir
 
 Prefect's temporary server (a run without ``PREFECT_API_URL``) gets
 :func:`server_startup_s` seconds to answer, from the machine's load: Prefect's default of 20
-s is too short on 2 busy cores. :func:`server_failure` turns its time-out into one line.
+s is too short on 2 busy cores. :func:`server_failure` turns its time-out into one line. The
+temporary server sends Prefect no usage telemetry (:data:`ANALYTICS_ENV`): its heartbeat's
+write raced the flow's own writes to the server's SQLite file on a busy machine ("database is
+locked", a traceback in the run's output), and a pipeline run has no use for it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ DASK_ADDRESS_ENV = "REGRAB_DASK_ADDRESS"
 STARTUP_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 #: Seconds an idle core needs at most to start the temporary server (it takes 5 to 10).
 STARTUP_IDLE_S = 60
+#: Prefect's setting of whether its server sends usage telemetry to Prefect.
+ANALYTICS_ENV = "PREFECT_SERVER_ANALYTICS_ENABLED"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,9 +84,11 @@ def server_startup_s() -> int:
 
 
 def allow_server_startup() -> None:
-    """Give Prefect's temporary server :func:`server_startup_s` to start, unless the user
-    set :data:`STARTUP_ENV`; call it before Prefect is imported."""
+    """Give Prefect's temporary server :func:`server_startup_s` to start, and no telemetry to
+    send, unless the user set :data:`STARTUP_ENV` or :data:`ANALYTICS_ENV`; call it before
+    Prefect is imported."""
     os.environ.setdefault(STARTUP_ENV, str(server_startup_s()))
+    os.environ.setdefault(ANALYTICS_ENV, "false")
 
 
 def server_failure(exc: BaseException) -> PipelineError | None:

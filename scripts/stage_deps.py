@@ -57,9 +57,11 @@ def imports_of(path: Path, root: Path = ROOT) -> set[str]:
             found.update(f"{base}.{a.name}" for a in node.names)  # `from model import x`
         elif isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id in DYNAMIC for t in node.targets):
-            if isinstance(node.value, (ast.Tuple, ast.List)):
-                found.update(e.value for e in node.value.elts
-                             if isinstance(e, ast.Constant) and isinstance(e.value, str))
+            # A tuple or list of module names, or a dict keyed by them.
+            value = node.value
+            names = value.keys if isinstance(value, ast.Dict) else getattr(value, "elts", [])
+            found.update(e.value for e in names
+                         if isinstance(e, ast.Constant) and isinstance(e.value, str))
     # Importing a.b.c runs a/__init__.py and a/b/__init__.py too.
     for name in list(found):
         parts = name.split(".")

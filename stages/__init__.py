@@ -17,14 +17,14 @@ SECTION_OWNERS = {
     "prepare_fewshot": "stages.prepare_fewshot",
     "split_nyt": "stages.split_nyt",
     "split_fewrel": "stages.split_fewrel",
-    "train_transe": "model.transe.training",
+    "train_transe": "model.transe.config",
     "build_graph": "stages.build_graph",
     "model": "model.config",
     "train": "model.training.config",
     "comparison": "model.training.config",
     "evaluate": "model.evaluation.config",
-    "transfer": "stages.transfer",
-    "active_labelling": "stages.active_labelling",
+    "transfer": "model.evaluation.config",
+    "active_labelling": "model.predict.config",
     "tune_splits": "scripts.make_tuning_splits",
 }
 

@@ -125,8 +125,8 @@ def _langevin_time(params: Path, root: Path) -> None:
     from model.episodes import Setting
     from model.evaluation.config import EvalConfig
     from model.methods import registry
+    from model.posterior.config import LangevinConfig
     from model.posterior.cost import chain_seconds
-    from model.posterior.langevin import LangevinConfig
     from model.training.config import load_comparison, load_train
     from pipeline.budget import check_time
     from pipeline.config import load_params, load_section, parse_section

@@ -36,7 +36,8 @@ os.environ.setdefault("OMP_DYNAMIC", "FALSE")
 import argparse  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from model.transe.training import TrainTransEParams, train  # noqa: E402
+from model.transe.config import TrainTransEParams  # noqa: E402
+from model.transe.training import train  # noqa: E402
 from pipeline.config import load_section, select_device, set_threads  # noqa: E402
 from pipeline.errors import run_cli  # noqa: E402
 from pipeline.io import read_parquet, write_json, write_parquet  # noqa: E402

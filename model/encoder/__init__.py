@@ -1,8 +1,9 @@
 """The sentence encoder: a BERT-family transformer with entity markers.
 
 Modules:
-    sentence: settings (:class:`EncoderConfig`), loading with the entity markers, which layers
-        train, forward and pooling (:class:`SentenceEncoder`).
+    config: the settings (:class:`EncoderConfig`), a schema that imports no torch.
+    sentence: loading with the entity markers, which layers train, forward and pooling
+        (:class:`SentenceEncoder`).
     tokens: tokenisation with entity markers, cut around the entities
         (:class:`TokenizedSet`).
     layers: one BERT or MPNet layer run on its own, whole or at a few token positions.

@@ -1,5 +1,8 @@
-"""``params.yaml`` section ``evaluate`` (read by the ``evaluate`` and ``transfer`` stages and
-``regrab-score``; the scoring itself is :mod:`model.evaluation.splits`)."""
+"""``params.yaml`` sections ``evaluate`` (read by the ``evaluate`` and ``transfer`` stages and
+``regrab-score``; the scoring itself is :mod:`model.evaluation.splits`) and ``transfer`` (read
+by the ``transfer`` and ``active_labelling`` stages; :mod:`model.evaluation.transfer`).
+
+Schemas only: this module imports no torch, so the params checks read it at once."""
 
 from __future__ import annotations
 
@@ -132,3 +135,68 @@ class EvalConfig:
     @property
     def needs_val(self) -> bool:
         return self.nota or self.temperature_episodes > 0
+
+
+@dataclass(frozen=True)
+class TransferSet:
+    """One transfer set: a FEWSHOT_SCHEMA table made by ``prepare_fewshot``."""
+
+    data: str = field(doc="a FEWSHOT_SCHEMA table made by prepare_fewshot (e.g. "
+                          "data/fewshot/val_semeval.parquet)")
+    title: str = field(doc="the set's name in reports")
+    relations: str | None = field(
+        default=None,
+        doc="(optional) a JSON file mapping each relation key to [name, description] (FewRel's "
+            "pid2name.json format), as a user would write them: the names replace those read "
+            "from the keys, and priors with model.prior.descriptions read the descriptions; "
+            "null: names from the keys only")
+    benchmarks: tuple[str, ...] = field(
+        default=(),
+        doc="(optional) the benchmarks whose checkpoints are scored on this set (empty: every "
+            "one); e.g. FewRel val_wiki only for FewRel's, whose test relations they are, as "
+            "NYT-25's checkpoints trained on half of them")
+    shuffle: bool = field(
+        default=False,
+        doc="(optional) stress test: each relation gets another relation's id, name and "
+            "description (a seeded derangement), so every prior points at the wrong relation "
+            "while the sentences stay")
+    nota: bool = field(
+        default=False,
+        doc="(optional) also score out-of-set detection and temperature scaling here "
+            "(evaluate.nota_rates and nota_settings); with no validation relations in the set, "
+            "thresholds, temperatures and the best uncertainty score are chosen on other "
+            "episodes of the same relations")
+    unequal: bool = field(
+        default=False,
+        doc="(optional) also score evaluate.unequal_settings here (ways with unequal shots, "
+            "their _cut1 twins and _step protocols)")
+
+
+@register_section("transfer")
+@dataclass(frozen=True)
+class TransferParams:
+    """``params.yaml`` section ``transfer``.
+
+    Attributes:
+        sets: ``{name: {data, title}}``; each is scored against every benchmark's models.
+        per_relation: sentences kept per relation (0: all).
+        settings: ``{N}w{K}s`` settings scored.
+        episodes: episodes per setting and checkpoint split.
+        seed: seed of the per-relation cut.
+    """
+
+    sets: dict[str, TransferSet] = field(doc="sets of relations and text no model trains on, each "
+                                             "scored against every benchmark's models")
+    per_relation: int = field(ge=0, doc="sentences kept per relation (0: all)")
+    settings: tuple[str, ...] = field(doc="{N}w{K}s settings scored")
+    episodes: int = field(ge=1, doc="episodes per setting and checkpoint split (intervals are "
+                                    "over splits)")
+    seed: int = field(doc="seed of the per-relation cut (a random choice of sentences)")
+
+    def __post_init__(self) -> None:
+        if not self.sets:
+            raise ValueError("transfer.sets is empty; list at least one set")
+        if not self.settings:
+            raise ValueError("transfer.settings is empty; list e.g. [5w1s, 5w5s]")
+        for s in self.settings:
+            Setting.parse(s)

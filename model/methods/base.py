@@ -37,7 +37,7 @@ from pipeline.errors import PipelineError
 if TYPE_CHECKING:
     from model.config import RegrabConfig
     from model.encoder.sentence import SentenceEncoder
-    from model.posterior.langevin import LangevinConfig
+    from model.posterior.config import LangevinConfig
     from model.prior.gcn import GraphPrior
 
 

@@ -17,7 +17,8 @@ import dataclasses
 import torch
 from torch.nn import functional
 
-from model.encoder.sentence import EncoderConfig, SentenceEncoder
+from model.encoder.config import EncoderConfig
+from model.encoder.sentence import SentenceEncoder
 from model.methods.base import PrototypeHead
 from model.posterior.shots import support_mean
 

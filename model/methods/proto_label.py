@@ -41,7 +41,8 @@ from model.posterior.shots import (
     shot_counts,
     support_sum,
 )
-from model.prior.gcn import GraphPrior, GraphPriorConfig
+from model.prior.config import GraphPriorConfig
+from model.prior.gcn import GraphPrior
 from model.prior.graph import RelationGraph
 from pipeline.errors import PipelineError
 

@@ -6,8 +6,10 @@ its head's sizes). The params schemas, the trainer, the checkpoint loader, ``eva
 ``regrab-score`` and the reports read this registry rather than lists of their own; models
 are built here (:func:`config_for_method`, :func:`build_model`), so no config or checkpoint
 code has to know a method. Adding a method is one module that defines
-``METHODS = (Method(...), ...)`` plus one line in :data:`MODULES` (docs/model.md#add-a-method);
-a test or plug-in may also call :func:`register` directly.
+``METHODS = (Method(...), ...)`` plus one line in :data:`MODULES` naming the module and its
+methods (docs/model.md#add-a-method); a test or plug-in may also call :func:`register` directly.
+The params schemas only ask whether a name is a method (:func:`check`): that reads
+:data:`MODULES` and imports no method, nor torch, so a bad ``-S`` override is refused at once.
 
 A method's training seed is its own (:attr:`Method.seed_stream`), so adding, removing or
 reordering methods, here or in ``params.yaml``, never changes another method's models.
@@ -23,26 +25,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from model.config import ModelParams, RegrabConfig
-from model.encoder.sentence import SentenceEncoder
-from model.methods.base import FewShotModel, Head
 from pipeline.config import parse_section
 from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
+    from model.methods.base import FewShotModel, Head
     from model.prior.graph import RelationGraph
 
-#: The modules whose ``METHODS`` make up the registry, in registry order.
-MODULES = (
-    "model.methods.regrab",
-    "model.methods.proto",
-    "model.methods.proto_label",
-    "model.methods.maml",
-    "model.methods.versa",
-    "model.methods.bmaml",
-    "model.methods.gnn",
-    "model.methods.snail",
-    "model.methods.pair",
-)
+#: The modules whose ``METHODS`` make up the registry, in registry order, each with the names
+#: of the methods it defines (in its order; loading the registry checks that they agree).
+MODULES = {
+    "model.methods.regrab": ("regrab", "regrab_no_prior"),
+    "model.methods.proto": ("mtb", "proto"),
+    "model.methods.proto_label": ("proto_label",),
+    "model.methods.maml": ("maml",),
+    "model.methods.versa": ("versa",),
+    "model.methods.bmaml": ("bmaml",),
+    "model.methods.gnn": ("gnn",),
+    "model.methods.snail": ("snail",),
+    "model.methods.pair": ("pair",),
+}
 
 
 @dataclass(frozen=True)
@@ -105,9 +107,20 @@ def _load() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        for module in MODULES:
-            for method in importlib.import_module(module).METHODS:
+        for module, declared in MODULES.items():
+            methods = importlib.import_module(module).METHODS
+            if tuple(m.name for m in methods) != declared:
+                raise ValueError(f"{module} defines the methods {[m.name for m in methods]}, "
+                                 f"but registry.MODULES names {list(declared)} for it; make "
+                                 "them agree")
+            for method in methods:
                 register(method)
+
+
+def _known() -> list[str]:
+    """Every method's name in registry order, without importing a method module."""
+    built_in = [name for declared in MODULES.values() for name in declared]
+    return [*built_in, *(name for name in _REGISTRY if name not in built_in)]
 
 
 def names() -> tuple[str, ...]:
@@ -126,12 +139,14 @@ def get(name: str) -> Method:
 
 def check(names_: tuple[str, ...] | list[str], where: str) -> None:
     """Raise (as a params error) if any of ``names_`` is not a registered method, or one is
-    named twice."""
-    _load()
-    unknown = [n for n in names_ if n not in _REGISTRY]
+    named twice.
+
+    Reads the names in :data:`MODULES` (and those registered since), so it imports no method.
+    """
+    known = _known()
+    unknown = [n for n in names_ if n not in known]
     if unknown:
-        raise ValueError(f"{where} has unknown method(s) {unknown}; use some of "
-                         f"{list(_REGISTRY)}")
+        raise ValueError(f"{where} has unknown method(s) {unknown}; use some of {known}")
     twice = sorted({n for n in names_ if list(names_).count(n) > 1})
     if twice:  # trained or scored twice, each run overwriting the other's outputs
         raise ValueError(f"{where} lists {', '.join(twice)} more than once; name each method "
@@ -167,6 +182,9 @@ def build_head(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> H
 
 def build_model(config: RegrabConfig, graph: RelationGraph | None) -> FewShotModel:
     """Instantiate encoder and head for ``config.method`` (an unknown method is refused)."""
+    from model.encoder.sentence import SentenceEncoder
+    from model.methods.base import FewShotModel
+
     get(config.method)  # before the encoder is loaded
     encoder = SentenceEncoder.from_config(config.encoder)
     head = build_head(config, graph, encoder.out_dim)

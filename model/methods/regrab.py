@@ -25,7 +25,8 @@ from torch import nn
 
 from model.methods.base import mc_log_predictive
 from model.methods.registry import Method
-from model.posterior.langevin import LangevinConfig, LangevinSampler
+from model.posterior.config import LangevinConfig
+from model.posterior.langevin import LangevinSampler
 from model.posterior.logits import prototype_logits
 from model.posterior.shots import head_logits
 from model.posterior.target import heldout_scales, log_evidence

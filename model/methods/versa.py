@@ -54,7 +54,7 @@ from torch import nn
 
 from model.methods.base import SampledPrototypeHead, gaussian_samples, require_shots
 from model.methods.registry import Method
-from model.posterior.langevin import LangevinConfig
+from model.posterior.config import LangevinConfig
 
 if TYPE_CHECKING:
     from model.config import RegrabConfig

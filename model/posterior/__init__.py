@@ -3,8 +3,10 @@
 Modules:
     target: the posterior target as pure functions: its gradient, its closed-form Gaussian,
         the evidence, the empirical-Bayes scales, the chain's start and one SGLD step.
-    langevin: the posterior and sampler settings (:class:`LangevinConfig`) and the sampler
-        (:class:`LangevinSampler`).
+    config: the posterior and sampler settings (:class:`LangevinConfig`), a schema that
+        imports no torch.
+    langevin: the sampler (:class:`LangevinSampler`).
+    cost: what one episode's chain costs on this machine, measured.
     logits: similarities of query encodings with prototypes, cheap draws of a Gaussian
         sample's logits, and the shift to the posterior predictive.
     shots: ways with unequal shots: a padded support with per-way counts, scored in one call,

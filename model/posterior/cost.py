@@ -16,7 +16,8 @@ import dataclasses
 
 import torch
 
-from model.posterior.langevin import LangevinConfig, chain_coefficients
+from model.posterior.config import LangevinConfig
+from model.posterior.langevin import chain_coefficients
 from model.posterior.target import langevin_step, log_posterior_grad
 from pipeline.budget import seconds_per_call
 

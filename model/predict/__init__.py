@@ -4,6 +4,8 @@ Modules:
     predictor: loading a model and predicting relations for query sentences.
     abstain: when a prediction abstains, by a cutoff read from the validation relations.
     sentences: the input formats a user hands in.
+    config: the ``active_labelling`` params section and the strategies' names, a schema that
+        imports no torch.
     active: which pool sentence to label next (the strategies bald, entropy, margin, random).
     simulation: a simulated user labelling a pool with each strategy, on cached encodings.
     summary: what a support set gave each candidate relation (prior kind, text read).

@@ -29,16 +29,9 @@ import numpy as np
 import torch
 
 from model.evaluation.uncertainty import uncertainty_scores
+from model.predict.config import STRATEGIES
 from pipeline.errors import PipelineError
 
-#: Every strategy, with the line ``--help`` and the reports show for it.
-STRATEGIES = {
-    "bald": "mutual information between the label and the prototypes (needs posterior "
-            "samples: REGRAB)",
-    "entropy": "entropy of the predictive distribution",
-    "margin": "smallest gap between the two most probable relations first",
-    "random": "a seeded random order, the floor",
-}
 #: The uncertainty score each strategy ranks by (``random`` reads none).
 SCORE = {"bald": "mutual_information", "entropy": "entropy", "margin": "margin"}
 #: Strategies that need S > 1 posterior samples.

@@ -14,17 +14,16 @@ validation temperature). A query abstains ("none of these") by the rule of
 
 Sentences are :class:`~model.predict.sentences.Sentence` objects or what
 :func:`~model.predict.sentences.parse_sentence` reads (marked text, FewRel records, split columns).
-
 Support with unequal K per relation is one episode, as ``evaluate`` scores its unequal-shot
 settings: the support padded to the largest K with each way's count
-(:func:`model.methods.base.head_logits`). A prototype is its own way's mean (proto, mtb,
-proto_label, scored as ``prototype_scoring`` says), and REGRAB's
-``gaussian`` posterior gives each way the posterior of its own sentences; with ``predictive:
-gaussian`` its scores are the posterior predictive, whose per-way variance keeps a way with
-more sentences from drawing the queries (docs/model.md#unequal-shots). A head that needs
-equal K cannot mix zero-shot ways with few-shot ones: maml, versa and bmaml average fits to
-the support cut to the smallest K (:mod:`model.posterior.subsample`), the others (``softmax``
-likelihoods, gnn, snail, pair) get each way's sentences repeated up to the largest K.
+(:func:`model.posterior.shots.head_logits`). A prototype is its own way's mean (proto, mtb,
+proto_label, scored as ``prototype_scoring`` says), and REGRAB's ``gaussian`` posterior gives
+each way the posterior of its own sentences; with ``predictive: gaussian`` its scores are the
+posterior predictive, whose per-way variance keeps a way with more sentences from drawing the
+queries (docs/model.md#unequal-shots). A head that needs equal K cannot mix zero-shot ways with
+few-shot ones: maml, versa and bmaml average fits to the support cut to the smallest K
+(:mod:`model.posterior.subsample`), the others (``softmax`` likelihoods, gnn, snail, pair) get
+each way's sentences repeated up to the largest K.
 Prototype samples depend on the support and the seed only, so a query's result does not
 depend on which batch it comes in (beyond the encoder's float rounding of padded batches).
 
@@ -64,8 +63,7 @@ class NonFinite(PipelineError):
     """The model gave NaN or infinite probabilities for some queries.
 
     Attributes:
-        queries: their positions in the batch.
-        total: the batch's size.
+        queries, total: their positions in the batch, and the batch's size.
     """
 
     def __init__(self, queries: list[int], total: int, first: str | None = None) -> None:
@@ -245,8 +243,7 @@ class Predictor:
 
     @torch.no_grad()
     def encode(self, sentences: Sequence[Any], progress: str | None = None) -> torch.Tensor:
-        """Encodings of sentences (anything :func:`parse_sentence` reads); ``progress`` (a
-        description) shows a progress bar.
+        """Encodings of sentences (anything :func:`parse_sentence` reads); ``progress``: a bar.
 
         Shapes:
             -> (len(sentences), D)

@@ -134,7 +134,7 @@ def simulate(head: torch.nn.Module, enc: torch.Tensor, h: torch.Tensor | None,
         enc: encodings of the sentences the episodes' rows index.
         h: the prior means of each episode's ways (None for heads without a prior).
         episodes: from :func:`sample_pool_episodes`.
-        strategies: names of :data:`model.predict.active.STRATEGIES`, each run on every
+        strategies: names of :data:`model.predict.config.STRATEGIES`, each run on every
             episode, each once.
         labels: pool sentences labelled per episode (at most its pool).
         seed: seeds the posterior samples, each strategy's from the same seed: before the

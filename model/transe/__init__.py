@@ -1,8 +1,10 @@
 """TransE relation embeddings, the graph's node features.
 
 Modules:
-    model: the TransE model and its loss (:class:`TransEConfig`, :class:`TransE`).
+    config: the ``train_transe`` params section (:class:`TransEConfig`,
+        :class:`TrainTransEParams`), a schema that imports no torch.
+    model: the TransE model and its loss (:class:`TransE`).
     optim: the row-wise Adam, one training step and one epoch.
     ranking: filtered ranks of held-out triples, and their MRR and Hits@k.
-    training: the ``train_transe`` params section, checkpoints and the training run.
+    training: checkpoints and the training run.
 """

@@ -23,61 +23,12 @@ Shapes:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.config import field
-
-
-@dataclass(frozen=True)
-class TransEConfig:
-    """Hyper-parameters of TransE and of its training schedule.
-
-    Attributes:
-        dim: Embedding size D of entities and relations.
-        epochs: Passes over the training triples.
-        batch_size: Positive triples per optimiser step.
-        negatives: Corrupted entities contrasted with every positive.
-        chunk_size: Positives that share one draw of ``negatives`` entities.
-        lr: Learning rate of the row-wise Adam (:class:`~model.transe.optim.RowAdam`).
-        loss: ``margin`` (pairwise hinge, Bordes et al.) or ``adversarial``
-            (self-adversarial negative sampling, Sun et al. 2019, as GraphVite).
-        margin: Hinge margin, or gamma of the adversarial loss.
-        adversarial_temperature: Inverse softmax temperature weighting negatives.
-        p_norm: 1 or 2, the norm in ``||h + r - t||_p``.
-        normalize_entities: Project entity vectors onto the unit sphere (Bordes et al.);
-            GraphVite leaves them free and relies on a large margin instead.
-        seed: Seed of initialisation, shuffling and negative sampling.
-    """
-
-    dim: int = field(ge=1, doc="embedding size D of entities and relations")
-    epochs: int = field(ge=1, doc="passes over the training triples")
-    batch_size: int = field(ge=1, doc="positive triples per optimiser step")
-    negatives: int = field(ge=1, doc="corrupted entities contrasted with every positive")
-    chunk_size: int = field(ge=1, doc="positives that share one draw of `negatives` entities (at "
-                                      "most batch_size)")
-    lr: float = field(gt=0, doc="learning rate of the row-wise Adam")
-    loss: Literal["margin", "adversarial"] = field(doc="margin (pairwise hinge, Bordes et al.) or "
-                                                       "adversarial (self-adversarial negative "
-                                                       "sampling, Sun et al. 2019, as GraphVite)")
-    margin: float = field(ge=0, doc="hinge margin, or gamma of the adversarial loss")
-    adversarial_temperature: float = field(gt=0, doc="inverse softmax temperature weighting the "
-                                                     "negatives (loss: adversarial only)")
-    p_norm: Literal[1, 2] = field(doc="1 or 2, the norm in ||h + r - t||_p")
-    normalize_entities: bool = field(doc="project entity vectors onto the unit sphere (Bordes et "
-                                         "al.); GraphVite leaves them free and relies on a large "
-                                         "margin instead")
-    seed: int = field(doc="seed of initialisation, shuffling and negative sampling")
-
-    def __post_init__(self) -> None:
-        if self.chunk_size > self.batch_size:
-            raise ValueError(
-                f"chunk_size ({self.chunk_size}) must not exceed batch_size ({self.batch_size})"
-            )
+from model.transe.config import TransEConfig
 
 
 class TransE(nn.Module):

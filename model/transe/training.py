@@ -30,10 +30,10 @@ from model.files import tensor_file
 from model.files.tensor_file import TRANSE_FORMAT
 from model.transe import model as transe_code
 from model.transe import optim as transe_optim
-from model.transe.model import TransE, TransEConfig
+from model.transe.config import TrainTransEParams, TransEConfig
+from model.transe.model import TransE
 from model.transe.optim import make_optimizer, train_epoch
 from model.transe.ranking import filtered_ranks, rank_metrics
-from pipeline.config import DEVICE_FIELD, field, register_section
 from pipeline.errors import PipelineError
 from pipeline.io import remove_stale_temporaries
 from pipeline.schemas import embeddings_schema
@@ -42,33 +42,6 @@ log = logging.getLogger(__name__)
 
 #: File name of the checkpoint inside ``--checkpoint-dir``.
 CHECKPOINT_NAME = "transe.safetensors"
-
-
-@register_section("train_transe")
-@dataclass(frozen=True)
-class TrainTransEParams:
-    """The ``train_transe`` section of ``params.yaml``.
-
-    Attributes:
-        model: TransE and schedule hyper-parameters.
-        device: ``auto`` (CUDA when present), ``cpu`` or ``cuda[:n]``.
-        threads: CPU threads for torch; 0 keeps torch's default (all cores). params.yaml
-            holds 1: with torch's default, runs on a busy machine gave other embeddings
-            than runs on an idle one; one thread splits no sum, whatever the load.
-        checkpoint_every: Write a checkpoint every this many epochs (and after the last).
-        heldout_fraction: Share of triples kept out of training for the MRR check.
-        eval_batch_size: Held-out queries ranked against all entities at once.
-    """
-
-    model: TransEConfig = field(doc="TransE and its training schedule")
-    device: str = field(match=DEVICE_FIELD, doc="auto (CUDA when present), cpu or cuda[:N]")
-    threads: int = field(ge=0, doc="CPU threads for torch; 0 keeps torch's default (all cores); 1 "
-                                   "gives the same bytes on an idle and a busy machine")
-    checkpoint_every: int = field(ge=1, doc="write a checkpoint every this many epochs (and after "
-                                            "the last)")
-    heldout_fraction: float = field(ge=0.0, lt=0.5, doc="share of triples kept out of training "
-                                                        "for the MRR check")
-    eval_batch_size: int = field(ge=1, doc="held-out queries ranked against all entities at once")
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,28 @@ def test_unknown_methods_are_refused_everywhere():
         registry.get("nope")
 
 
+def test_modules_name_the_methods_each_defines_and_a_drift_is_refused(monkeypatch):
+    """The params checks read the names in ``MODULES``; loading the registry checks them."""
+    import importlib
+
+    for module, declared in registry.MODULES.items():
+        assert tuple(m.name for m in importlib.import_module(module).METHODS) == declared
+    assert registry._known() == list(registry.names())
+    monkeypatch.setattr(registry, "MODULES", {**registry.MODULES,
+                                              "model.methods.proto": ("proto",)})
+    monkeypatch.setattr(registry, "_loaded", False)
+    with pytest.raises(ValueError, match=r"defines the methods \['mtb', 'proto'\], but "
+                                         r"registry.MODULES names \['proto'\]"):
+        registry._load()
+
+
+def test_a_registered_method_passes_the_params_check(toy_method):
+    registry.check(["median_toy", "proto"], "train.methods")
+    with pytest.raises(ValueError, match=r"unknown method\(s\) \['nope'\]; use some of "
+                                         r"\['regrab', .*'pair', 'median_toy'\]"):
+        registry.check(["nope"], "train.methods")
+
+
 def test_registry_order_is_the_seed_order():
     """Seeds depend on a method's position: the first four keep their places."""
     assert registry.names()[:4] == ("regrab", "regrab_no_prior", "mtb", "proto")

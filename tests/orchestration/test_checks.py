@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -64,18 +65,89 @@ def test_a_good_override_passes_and_a_relative_encoder_is_found_from_the_root(pr
         "model.encoder.name": "enc"}
 
 
-def test_empty_seeds_is_one_line_before_prefect_or_torch_is_imported():
-    done = run(["-X", "importtime", "-m", "orchestration.flows", "-S", "split_nyt.seeds=[]"])
+#: Packages that take seconds to import: a bad override is refused before any of them loads.
+HEAVY = {"prefect", "torch", "torch_geometric", "transformers", "dvc", "dask"}
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("split_nyt.seeds=[]", "-S split_nyt.seeds=[]: split_nyt.seeds is empty; give at least one "
+                           "seed; change the override"),
+    ("model.prior.kind=bogus", "-S model.prior.kind=\"bogus\": params.yaml model.prior.kind = "
+                               "'bogus': expected one of ['gcn', 'mlp', 'none']; change the "
+                               "override"),
+])
+def test_a_bad_override_is_one_line_before_prefect_or_torch_is_imported(override, message):
+    done = run(["-X", "importtime", "-m", "orchestration.flows", "-S", override])
     imported = [line.split("|")[-1].strip() for line in done.stderr.splitlines()
                 if line.startswith("import time:")]
     done.stderr = "".join(line + "\n" for line in done.stderr.splitlines()
                           if not line.startswith("import time:"))
-    line = one_error_line(done)
-    assert line == ("error: -S split_nyt.seeds=[]: split_nyt.seeds is empty; give at least one "
-                    "seed; change the override")
-    heavy = {name.split(".")[0] for name in imported} & {"prefect", "torch", "transformers",
-                                                         "dvc", "dask"}
+    assert one_error_line(done) == f"error: {message}"
+    heavy = {name.split(".")[0] for name in imported} & HEAVY
     assert "orchestration.flow_command" in imported and not heavy, heavy
+
+
+#: Bad overrides of every section whose schema the model's code defines, each refused by its
+#: own section's schema (no check across sections needs the model to say so).
+SCHEMA_REFUSALS = {
+    "model.langevin.steps=-1": "model.langevin.steps = -1: expected a number >= 0",
+    "model.prior.kind=bogus": "model.prior.kind = 'bogus': expected one of",
+    "model.encoder.pooling=bogus": "model.encoder.pooling = 'bogus': expected one of",
+    "model.heads.gnn.width=0": "model.heads.gnn.width = 0: expected a number >= 1",
+    "train.device=tpu": "train.device = 'tpu': expected auto, cpu, cuda or cuda:N",
+    "train.methods=[regrab,regrab]": "train.methods lists regrab more than once",
+    "train.methods=[bogus]": "train.methods has unknown method(s) ['bogus']",
+    "comparison.methods=[bogus]": "comparison.methods has unknown method(s) ['bogus']",
+    "evaluate.settings=[1w1s]": "setting 1w1s has 1 way(s)",
+    "evaluate.methods=[proto,proto]": "evaluate.methods lists proto more than once",
+    "train_transe.model.p_norm=3": "train_transe.model.p_norm = 3: expected one of",
+    "transfer.settings=[1w1s]": "setting 1w1s has 1 way(s)",
+    "active_labelling.ways=1": "active_labelling.ways = 1: expected a number >= 2",
+    "active_labelling.methods.regrab=[bogus]": "active_labelling.methods.regrab = ['bogus']: "
+                                               "list each of bald, entropy",
+}
+
+
+def test_the_schemas_refuse_bad_overrides_without_importing_torch():
+    """Every section's schema lives apart from the code that imports torch, so checking one
+    costs no torch import (seconds)."""
+    script = f"""
+import json, sys
+from orchestration.flow_command import check_overrides
+from pipeline.errors import PipelineError
+said = {{}}
+for override in {list(SCHEMA_REFUSALS)!r}:
+    try:
+        check_overrides(["--repo-dir", {str(ROOT)!r}, "-S", override])
+    except PipelineError as exc:
+        said[override] = str(exc)
+print(json.dumps({{"said": said, "heavy": sorted(m for m in sys.modules if m in {HEAVY!r})}}))
+"""
+    done = run(["-c", script])
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    for override, message in SCHEMA_REFUSALS.items():
+        assert message in result["said"].get(override, "(passed)"), (override, result["said"])
+        assert result["said"][override].endswith("; change the override")
+    assert result["heavy"] == []
+
+
+def test_the_check_params_stage_refuses_a_bad_value_before_torch_is_imported(project):
+    """``dvc exp run -S`` reaches the same schemas through the ``check_params`` stage."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["model"]["langevin"]["steps"] = -1
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    done = run(["-X", "importtime", "-m", "stages.check_params", "--params",
+                str(project / "params.yaml"), "--out", str(project / "checked")])
+    imported = [line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")]
+    done.stderr = "".join(line + "\n" for line in done.stderr.splitlines()
+                          if not line.startswith("import time:"))
+    assert one_error_line(done) == ("error: params.yaml model.langevin.steps = -1: expected a "
+                                    "number >= 0; fix params.yaml")
+    heavy = {name.split(".")[0] for name in imported} & HEAVY
+    assert "model.config" in imported and not heavy, heavy
+    assert not (project / "checked").exists()
 
 
 def test_the_temporary_server_gets_the_time_a_busy_machine_needs(monkeypatch):
@@ -87,11 +159,15 @@ def test_the_temporary_server_gets_the_time_a_busy_machine_needs(monkeypatch):
     monkeypatch.setattr(flow_command.os, "getloadavg", lambda: (4.0, 4.0, 4.0))
     assert flow_command.server_startup_s() == 3 * flow_command.STARTUP_IDLE_S
     monkeypatch.delenv(flow_command.STARTUP_ENV, raising=False)
+    monkeypatch.delenv(flow_command.ANALYTICS_ENV, raising=False)
     flow_command.allow_server_startup()
     assert os.environ[flow_command.STARTUP_ENV] == str(3 * flow_command.STARTUP_IDLE_S)
-    monkeypatch.setenv(flow_command.STARTUP_ENV, "999")  # the user's own setting stays
+    assert os.environ[flow_command.ANALYTICS_ENV] == "false"
+    monkeypatch.setenv(flow_command.STARTUP_ENV, "999")  # the user's own settings stay
+    monkeypatch.setenv(flow_command.ANALYTICS_ENV, "true")
     flow_command.allow_server_startup()
     assert os.environ[flow_command.STARTUP_ENV] == "999"
+    assert os.environ[flow_command.ANALYTICS_ENV] == "true"
 
 
 def test_a_server_that_does_not_start_is_one_line(monkeypatch, capsys):
