@@ -5,7 +5,6 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -123,18 +122,20 @@ def test_fewrel_file_as_queries_names_the_format(files, capsys, tmp_path):
         assert "record has no sentence" not in err
 
 
-def test_write_failure_is_one_line_and_leaves_no_file(files, tmp_path):
-    """Disk full or ``ulimit -f``: the JSONL does not fit in 100 bytes."""
+def test_write_failure_is_one_line_and_leaves_no_file(files, tmp_path, capsys):
+    """Disk full or ``ulimit -f``: the JSONL does not fit in 100 bytes (a real file-size limit
+    on this process while the command runs; Python ignores SIGXFSZ, so the write fails)."""
     out = tmp_path / "out.jsonl"
-
-    def limit():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
-
-    done = subprocess.run([sys.executable, "-m", "cli.predict", *_argv(files, out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          preexec_fn=limit)
-    assert done.returncode == 2, done.stderr[-2000:]
-    (line,) = done.stderr.strip().splitlines()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    capsys.readouterr()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100, hard))
+    try:
+        with pytest.raises(SystemExit) as exc:
+            predict.main(_argv(files, out))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert exc.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: a write failed (File too large)") and "ulimit -f" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 

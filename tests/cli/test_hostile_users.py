@@ -8,8 +8,6 @@ episodes) and a folder where a file belongs.
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -191,7 +189,20 @@ def test_printable_escapes_controls_and_surrogates():
     assert not lone_surrogate(pair) and not lone_surrogate("\U0001f600")
 
 
-def test_control_characters_never_reach_the_terminal(files, tmp_path):
+def _predict_on_fds(capfd, argv):
+    """``regrab-predict argv`` as its console script runs it (in this process, so torch is
+    not imported again); returns the exit code and what reached file descriptors 1 and 2."""
+    capfd.readouterr()
+    try:
+        predict.main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def test_control_characters_never_reach_the_terminal(files, tmp_path, capfd):
     support = tmp_path / "s.jsonl"
     rows = [json.loads(line) for line in files["support"].read_text().splitlines()]
     for row in rows[:2]:
@@ -199,21 +210,20 @@ def test_control_characters_never_reach_the_terminal(files, tmp_path):
     rows.append({"relation": "P9\x1b]0;owned\x07\x00"})  # NUL only a file can carry
     support.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out.jsonl"
-    run = [sys.executable, "-m", "cli.predict", *_argv(files, out, support=support)]
-    done = subprocess.run([*run, "--zero-shot", "Q\x1b[31m", "--name", "Q\x1b[31m=a \x07name"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    for stream in (done.stdout, done.stderr):
+    run = _argv(files, out, support=support)
+    code, stdout, stderr = _predict_on_fds(
+        capfd, [*run, "--zero-shot", "Q\x1b[31m", "--name", "Q\x1b[31m=a \x07name"])
+    assert code == 0, stderr[-2000:]
+    for stream in (stdout, stderr):
         assert not any(c in stream for c in "\x1b\x07\x00")
-    assert "P6\\x1b[2J K=2" in done.stdout and "Q\\x1b[31m K=0" in done.stdout
-    assert "P9\\x1b]0;owned\\x07\\x00 K=0" in done.stdout
+    assert "P6\\x1b[2J K=2" in stdout and "Q\\x1b[31m K=0" in stdout
+    assert "P9\\x1b]0;owned\\x07\\x00 K=0" in stdout
     # The file keeps the names as given (JSON escapes them).
     assert "P6\x1b[2J" in json.loads(out.read_text().splitlines()[0])["probabilities"]
     # An error line naming one is escaped too.
-    done = subprocess.run([*run, "--zero-shot", "P6\x1b[2J"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
-    assert "\x1b" not in done.stderr and "relation P6\\x1b[2J has support" in done.stderr
+    code, _, stderr = _predict_on_fds(capfd, [*run, "--zero-shot", "P6\x1b[2J"])
+    assert code == 2 and stderr.count("\n") == 1, stderr[-2000:]
+    assert "\x1b" not in stderr and "relation P6\\x1b[2J has support" in stderr
 
 
 # ------------------------------------------------------------ 5. types and surrogates

@@ -153,9 +153,10 @@ def test_the_same_tree_gives_the_same_bytes_in_every_process(tmp_path):
               "torch.zeros(0), 'meta': {'name': 'é', 'steps': [1, 2]}, 'b': torch.ones(2, "
               "dtype=torch.long)}, 'fmt'); tensor_file.save_tensors(sys.argv[2], "
               "{'b': torch.ones(3), 'a': torch.zeros(2, dtype=torch.long)})")
-    for i in range(4):
-        subprocess.run([sys.executable, "-c", script, str(tmp_path / f"t{i}"),
-                        str(tmp_path / f"p{i}")], check=True)
+    # Four children at once: each spends its time importing torch.
+    children = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / f"t{i}"),
+                                  str(tmp_path / f"p{i}")]) for i in range(4)]
+    assert [child.wait(timeout=300) for child in children] == [0, 0, 0, 0]
     for stem in ("t", "p"):
         files = {(tmp_path / f"{stem}{i}").read_bytes() for i in range(4)}
         assert len(files) == 1, stem

@@ -19,6 +19,9 @@ import yaml
 from model.encoder.files import packaged_encoders_dir
 from orchestration.overrides import flatten
 
+#: A subprocess pipeline (bash, then Python children that each check params.yaml): the slow suite.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_DVC = """#!/usr/bin/env bash
 exec "{python}" -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"

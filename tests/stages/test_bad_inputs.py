@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from orchestration.overrides import resolve
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, run_cli
 from pipeline.io import write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 from stages import evaluate, split_nyt, train
@@ -37,6 +37,25 @@ def run_limited(args: list[str], max_bytes: int | None = None) -> subprocess.Com
 
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, preexec_fn=limit)
+
+
+def run_limited_here(capsys, module, args: list[str],
+                     max_bytes: int) -> subprocess.CompletedProcess:
+    """:func:`run_limited` for a stage that imports torch: run in this process, as its
+    ``python -m`` entry does (:func:`run_cli`), under the same file-size limit, set and then
+    restored (Python ignores SIGXFSZ, so the write fails as in a child)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    capsys.readouterr()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, hard))
+    try:
+        run_cli(module.main, args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
 
 
 def assert_no_room_line(done: subprocess.CompletedProcess) -> None:
@@ -117,21 +136,21 @@ def test_split_nyt_prepare_and_parse_end_in_one_line_when_the_disk_is_full(tmp_p
     assert not (tmp_path / "wd" / "triples.parquet").exists()
 
 
-def test_train_write_failure_is_one_line_and_leaves_no_checkpoint(project, tmp_path):
+def test_train_write_failure_is_one_line_and_leaves_no_checkpoint(project, tmp_path, capsys):
     p = with_params(project, tmp_path)
     args = [*project["train_args"][:-1], str(tmp_path / "models"), "--params", str(p)]
-    assert_no_room_line(run_limited(["stages.train", *args], 4000))
+    assert_no_room_line(run_limited_here(capsys, train, args, 4000))
     folder = tmp_path / "models" / "split_0" / "proto"
     assert not any(folder.glob("*.safetensors")) and hidden(tmp_path / "models") == []
 
 
-def test_evaluate_write_failure_keeps_every_old_output(project, tmp_path):
+def test_evaluate_write_failure_keeps_every_old_output(project, tmp_path, capsys):
     root = project["root"]
     before = outputs(root)
     p = with_params(project, tmp_path, evaluate={"episodes": 6})  # other numbers
     # The metrics JSON fits in 20 kB, the plots do not: all six stay as they were.
-    assert_no_room_line(run_limited(["stages.evaluate", *evaluate_args(root, project["splits"],
-                                                                       p)], 20_000))
+    assert_no_room_line(run_limited_here(capsys, evaluate, evaluate_args(root, project["splits"],
+                                                                         p), 20_000))
     assert outputs(root) == before
     assert hidden(root / "metrics") == [] and hidden(root / "plots") == []
 

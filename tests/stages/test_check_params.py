@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, run_cli
 from stages import check_params as cp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,13 +29,14 @@ def test_the_project_params_pass_and_the_output_is_a_fixed_sentence(tmp_path, mo
     assert out.read_text() == cp.CHECKED
 
 
-def test_a_bad_value_in_a_downstream_section_fails_and_writes_nothing(tmp_path):
+def test_a_bad_value_in_a_downstream_section_fails_and_writes_nothing(tmp_path, capsys):
     path = _params(tmp_path, lambda p: p["train"].__setitem__("steps", -5))
     out = tmp_path / "checked"
-    proc = subprocess.run([sys.executable, "-m", "stages.check_params", "--params", str(path),
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:  # as `python -m stages.check_params` runs it
+        run_cli(cp.main, ["--params", str(path), "--out", str(out)])
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ")
     assert "train.steps" in lines[0] and "fix params.yaml" in lines[0]
     assert not out.exists()
