@@ -45,8 +45,7 @@ from cli.predict import read_relation_texts
 from cli.text import lone_surrogate, shown
 from model.episodes import Setting
 from model.evaluation.splits import EvalConfig
-from model.evaluation.transfer import score_table
-from model.files.checkpoint import model_file
+from model.evaluation.transfer import score_table, stored_models
 from model.methods import registry
 from model.prior.labels import PRIOR_KINDS, TEXT_KINDS
 from pipeline import report
@@ -173,9 +172,8 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
         "--episodes" if args.episodes else f"{args.params} evaluate.episodes")
     check_threads(base.threads, f"{args.params} evaluate.threads")
     # Before any model is loaded: a checkpoint with 10^9 Langevin steps must not start.
-    stored = [model_file(split / m) for split in sorted(args.models.glob("split_*"))
-              for m in wanted or registry.names()]
-    check_stored_chains([f for f in stored if f.is_file()], settings,
+    stored = stored_models(args.models, wanted or registry.names())
+    check_stored_chains([f for paths in stored.values() for f in paths.values()], settings,
                         args.episodes or base.episodes)
     set_threads(base.threads)
     device = select_device(base.device, f"{args.params} evaluate.device")

@@ -41,14 +41,22 @@ from pipeline.workers import JobFiles, run_jobs, usable_workers
 log = logging.getLogger(__name__)
 
 
-def checkpoints(models: Path, methods: list[str]) -> dict[str, dict[str, Path]]:
-    """``{split: {method: model.safetensors}}`` for every trained split under ``models``."""
+def stored_models(models: Path, methods: Iterable[str]) -> dict[str, dict[str, Path]]:
+    """``{split: {method: model.safetensors}}`` for every trained split under ``models``
+    (empty when none is)."""
+    methods = list(methods)
     found: dict[str, dict[str, Path]] = {}
     for split in sorted(p for p in models.glob("split_*") if p.is_dir()):
         for method in methods:
             path = model_file(split / method)
             if path.is_file():
                 found.setdefault(split.name, {})[method] = path
+    return found
+
+
+def checkpoints(models: Path, methods: list[str]) -> dict[str, dict[str, Path]]:
+    """:func:`stored_models`, refused when there is none."""
+    found = stored_models(models, methods)
     if not found:
         raise PipelineError(f"no split_*/<method>/{MODEL_FILE} under {models}; train first "
                             "(dvc repro) or point --models at a benchmark's models folder")

@@ -170,17 +170,24 @@ def test_bad_inputs_are_one_line_errors(trained, tmp_path):
     assert not list(tmp_path.glob("x*"))  # nothing half-written
 
 
-def test_checkpoint_from_another_encoder_is_refused(trained, tmp_path):
+def _models_with(trained, tmp_path, method, section, **changes):
+    """A copy of the trained models whose split_0 ``method`` checkpoint has ``changes`` in its
+    config's ``section``; the copy and that checkpoint's path."""
     import shutil
 
-    root, p, _ = trained
     models = tmp_path / "models"
-    shutil.copytree(root / "models", models)
-    path = models / "split_0" / "proto" / "model.safetensors"
+    shutil.copytree(trained[0] / "models", models)
+    path = models / "split_0" / method / "model.safetensors"
     old = read_checkpoint(path)
-    config = dataclasses.replace(old.config, encoder=dataclasses.replace(
-        old.config.encoder, name="bert-base-uncased"))
+    config = dataclasses.replace(old.config, **{section: dataclasses.replace(
+        getattr(old.config, section), **changes)})
     save_checkpoint(path, dataclasses.replace(old, config=config))
+    return models, path
+
+
+def test_checkpoint_from_another_encoder_is_refused(trained, tmp_path):
+    p = trained[1]
+    models, _ = _models_with(trained, tmp_path, "proto", "encoder", name="bert-base-uncased")
     data = _fewrel_json(tmp_path / "d.json", toy_table(["Q91", "Q92", "Q93"], 8, seed=2))
     with pytest.raises(PipelineError, match="different encoders"):
         score.score(["--data", str(data), "--models", str(models), "--out",
@@ -189,16 +196,9 @@ def test_checkpoint_from_another_encoder_is_refused(trained, tmp_path):
 
 def test_a_checkpoint_whose_chains_would_run_past_a_week_is_refused_before_scoring(
         trained, tmp_path, monkeypatch):
-    import shutil
-
-    root, p, _ = trained
-    models = tmp_path / "models"
-    shutil.copytree(root / "models", models)
-    path = models / "split_0" / "regrab" / "model.safetensors"
-    old = read_checkpoint(path)
-    config = dataclasses.replace(old.config, langevin=dataclasses.replace(
-        old.config.langevin, steps=10**12, likelihood="softmax"))
-    save_checkpoint(path, dataclasses.replace(old, config=config))
+    p = trained[1]
+    models, path = _models_with(trained, tmp_path, "regrab", "langevin", steps=10**12,
+                                likelihood="softmax")
     scored = []
     monkeypatch.setattr(score, "score_table", lambda *a, **k: scored.append(a))
     data = _fewrel_json(tmp_path / "d.json", toy_table(["Q91", "Q92", "Q93"], 8, seed=2))
