@@ -78,8 +78,10 @@ class LabellingSet:
     relations: list[str]  # the sampler's relations (``episodes.relation`` indexes them)
     episodes: PoolEpisodes
     descriptions: dict[str, str | None]
-    #: For the benchmark's own test relations: the split folder models are checked against.
+    #: For the benchmark's own test relations: the split folder models are checked against,
+    #: and its train and val files' digests, taken here (a worker may not see the folder).
     split_dir: Path | None = None
+    split_digests: dict[str, str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -116,8 +118,10 @@ def draw(name: str, table: pa.Table, params: ActiveLabellingParams, split: str,
     eps = sample_pool_episodes(sampler, rng, params.ways, params.start, params.pool,
                                params.queries, params.episodes)
     rows = eps.rows
+    digests = None if split_dir is None else {
+        p: file_digest(split_dir / f"{p}.parquet") for p in ("train", "val")}
     return LabellingSet(name, table.take(pa.array(rows)), sampler.relations,
-                        eps.remapped(rows), descriptions, split_dir)
+                        eps.remapped(rows), descriptions, split_dir, digests)
 
 
 def names_of(table: pa.Table) -> dict[str, str | None]:
@@ -144,9 +148,8 @@ def label_set(job: Job, params: ActiveLabellingParams, device: str, cache: Lower
                                 "train) or drop it from active_labelling.methods")
         model, checkpoint = load_model(path, device)
         model.eval()
-        if s.split_dir is not None:
-            digests = {p: file_digest(s.split_dir / f"{p}.parquet") for p in ("train", "val")}
-            check_trained_on(checkpoint, s.split_dir, digests, path, s.relations)
+        if s.split_dir is not None and s.split_digests is not None:
+            check_trained_on(checkpoint, s.split_dir, s.split_digests, path, s.relations)
         if model.prior is not None:
             model.prior.add_names(names_of(s.table), model.encoder, None, params.encode_batch,
                                   s.descriptions)

@@ -97,6 +97,18 @@ def _serial(ranges: list[WorkRange], batch_bytes: int) -> Iterator[tuple[WorkRan
         yield work, parse_range(work, batch_bytes)
 
 
+def _gathered(future: Any, work: WorkRange) -> RangeResult:
+    """A finished range's result; a worker that cannot open its input is one line."""
+    try:
+        return future.result()
+    except OSError as err:
+        raise PipelineError(
+            f"a Dask worker cannot read {work.path} ({err.strerror or err}): on a cluster every "
+            "worker opens the inputs by this path, so put them there on every worker's machine "
+            "(a shared file system) or parse without --cluster / REGRAB_DASK_ADDRESS"
+        ) from None
+
+
 def _on_dask(
     ranges: list[WorkRange], batch_bytes: int, workers: int, client: Any = None
 ) -> Iterator[tuple[WorkRange, RangeResult]]:
@@ -122,7 +134,7 @@ def _on_dask(
                     time.sleep(0.1)
                     continue
                 future = next(pending)
-                result = future.result()
+                result = _gathered(future, by_key[future.key])
                 yield by_key[future.key], result
                 future.release()
     finally:
@@ -174,10 +186,11 @@ def parse_inputs(
         FileStats(path.name, str(path), fmt, path.stat().st_size)
         for path, fmt in zip(paths, formats, strict=True)
     ]
+    # Workers open a range by its path, so a worker in another folder needs it absolute.
     ranges = [
         work
         for index, (path, fmt) in enumerate(zip(paths, formats, strict=True))
-        for work in plan_ranges(path, index, fmt, range_bytes)
+        for work in plan_ranges(path.absolute(), index, fmt, range_bytes)
     ]
     # A wrong scheduler address is one line before the work folder or the bar appear.
     client = connect(address) if address else None

@@ -15,6 +15,7 @@ from pipeline import cluster as cluster_module
 from pipeline.errors import PipelineError, run_cli
 from pipeline.wikidata import engine
 from pipeline.wikidata.collect import work_dir_for
+from pipeline.wikidata.ranges import parse_range
 from stages import parse_wikidata as pw
 
 distributed = pytest.importorskip("distributed")
@@ -200,3 +201,36 @@ def test_unreachable_scheduler_is_one_line(tmp_path, capsys, monkeypatch):
     assert exit_info.value.code == 2 and err.count("\n") == 1
     assert err.startswith(f"error: cannot reach Dask scheduler at {address}")
     assert engine.ADDRESS_ENV in err and not (tmp_path / "o.parquet").exists()
+
+
+def test_workers_get_absolute_paths_and_a_missing_input_is_one_line(
+    tmp_path, cluster, capsys, monkeypatch
+):
+    """A worker started in another folder cannot open ``data/dump.tsv``: ranges carry the
+    absolute path, and a worker that still cannot open it stops the stage with one line."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "t.tsv").write_text("Q1\tP31\tQ5\n")
+    monkeypatch.chdir(tmp_path)
+    record = tmp_path / "opened.txt"  # the task is pickled: a list would be a copy
+
+    def recording(work, batch_bytes):
+        with open(record, "a") as fh:
+            fh.write(work.path + "\n")
+        return parse_range(work, batch_bytes)
+
+    monkeypatch.setattr(engine, "parse_range", recording)
+    args = ["--out", "o.parquet", "--no-progress", "--cluster", cluster, "data/t.tsv"]
+    report = pw.main(args)
+    assert record.read_text().splitlines() == [str(tmp_path / "data" / "t.tsv")]
+    assert report["inputs"][0]["path"] == "data/t.tsv"  # the report keeps what the user gave
+
+    def unreadable(work, batch_bytes):
+        raise FileNotFoundError(2, "No such file or directory", work.path)
+
+    monkeypatch.setattr(engine, "parse_range", unreadable)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(pw.main, ["--out", "p.parquet", *args[2:]])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: a Dask worker cannot read {tmp_path / 'data' / 't.tsv'}")
+    assert "shared file system" in err and not (tmp_path / "p.parquet").exists()

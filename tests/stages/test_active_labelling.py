@@ -122,3 +122,35 @@ def test_bad_params_are_one_line(project, section, expected):
     root, params = project
     with pytest.raises(PipelineError, match=re.escape(expected)):
         _run(root, params, "bad_params", **section)
+
+
+def test_a_job_checks_its_split_without_reading_the_split_folder(project, tmp_path):
+    """A job on a Dask worker gets its checkpoints, not the split folder: the split's digests
+    travel in the job, so a worker without the folder still checks, and a wrong split is
+    still refused."""
+    import argparse
+    import dataclasses
+
+    from model.predict.config import ActiveLabellingParams
+    from pipeline.config import load_section
+
+    root, params = project
+    p = root / "digests.yaml"
+    p.write_text(yaml.safe_dump({**params, "active_labelling": SECTION}, sort_keys=False))
+    section = load_section(ActiveLabellingParams, "active_labelling", p)
+    jobs, _ = active_labelling.plan(argparse.Namespace(models=root / "models", params=p,
+                                                       relations=None), section)
+    job = next(job for job in jobs if job.set.split_dir is not None)
+    cache, tokens = active_labelling.fill_cache(jobs, section, "cpu")
+    splits = job.set.split_dir.parent
+    moved = tmp_path / "elsewhere"
+    splits.rename(moved)  # as on a worker that has no clone
+    try:
+        result = active_labelling.label_set(job, section, "cpu", cache, tokens)
+        assert set(result) == set(SECTION["methods"])
+        wrong = dataclasses.replace(job.set, split_digests={"train": "0" * 64, "val": None})
+        with pytest.raises(PipelineError, match="was trained on another split"):
+            active_labelling.label_set(dataclasses.replace(job, set=wrong), section, "cpu",
+                                       cache, tokens)
+    finally:
+        moved.rename(splits)
