@@ -3,18 +3,43 @@
 A command's module imports torch and transformers, seconds on a busy machine; a SIGTERM
 then, with Python's default action, killed the process with no line. Each entry point here
 installs :func:`cli.guard.guard_process` first and only then imports its command.
+
+When the command is done, the process ends at once (:func:`_finish`): Python's own shutdown
+puts SIGTERM's default action back before it frees torch's modules, so a SIGTERM in those
+last moments, after the output was written, ended the process with no line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
+import os
+import sys
 
 from cli.guard import guard_process
 
 
+def _finish(code: object) -> None:
+    """Flush what was printed and logged, then exit with ``code`` (as ``sys.exit`` reads it)
+    without the interpreter's shutdown, during which SIGTERM would find no handler."""
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code or 0)
+
+
 def _run(command: str) -> None:
     guard_process()
-    importlib.import_module(f"cli.{command}").main()
+    try:
+        importlib.import_module(f"cli.{command}").main()
+    except SystemExit as done:
+        _finish(done.code)
+    _finish(0)
 
 
 def predict() -> None:
