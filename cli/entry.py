@@ -11,13 +11,12 @@ last moments, after the output was written, ended the process with no line.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import os
 import sys
 
-from cli.guard import guard_process
+from cli.guard import flush_output, guard_process
 
 
 def _finish(code: object) -> None:
@@ -27,9 +26,7 @@ def _finish(code: object) -> None:
         print(code, file=sys.stderr)
         code = 1
     logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    flush_output()
     os._exit(code or 0)
 
 

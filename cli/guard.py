@@ -81,10 +81,15 @@ TERMINATED_LINE = ("terminated (SIGTERM); no output was left half-written, run t
                    "command again to write it")
 
 
-def _exit_terminated(signum: int, frame: object) -> None:
-    for stream in (sys.stdout, sys.stderr):  # what the command printed is not lost
+def flush_output() -> None:
+    """Flush stdout and stderr before an ``os._exit``, so what the command printed is not lost."""
+    for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+
+
+def _exit_terminated(signum: int, frame: object) -> None:
+    flush_output()
     with contextlib.suppress(Exception):
         os.write(2, f"error: {TERMINATED_LINE}\n".encode())
     os._exit(TERMINATED)
