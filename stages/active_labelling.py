@@ -39,7 +39,7 @@ import torch
 from model.encoder.frozen_cache import LowerCache, encode_all
 from model.episodes import EpisodeSampler
 from model.evaluation.config import TransferParams
-from model.evaluation.splits import check_trained_on
+from model.evaluation.splits import check_trained_on, split_digests
 from model.evaluation.transfer import cut_relations, sort_relations
 from model.files.checkpoint import model_file, read_checkpoint
 from model.files.loader import load_model
@@ -59,7 +59,6 @@ from pipeline.fewrel import load_relation_texts
 from pipeline.io import (
     atomic_paths,
     check_writable,
-    file_digest,
     read_fewshot,
     remove_stale_temporaries,
 )
@@ -118,8 +117,7 @@ def draw(name: str, table: pa.Table, params: ActiveLabellingParams, split: str,
     eps = sample_pool_episodes(sampler, rng, params.ways, params.start, params.pool,
                                params.queries, params.episodes)
     rows = eps.rows
-    digests = None if split_dir is None else {
-        p: file_digest(split_dir / f"{p}.parquet") for p in ("train", "val")}
+    digests = None if split_dir is None else split_digests(split_dir)
     return LabellingSet(name, table.take(pa.array(rows)), sampler.relations,
                         eps.remapped(rows), descriptions, split_dir, digests)
 

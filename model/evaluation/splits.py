@@ -49,6 +49,11 @@ from pipeline.io import file_digest
 FLOOR = "floor"
 
 
+def split_digests(split_dir: Path) -> dict[str, str | None]:
+    """The digests of ``split_dir``'s train and val files, as a checkpoint records them."""
+    return {part: file_digest(split_dir / f"{part}.parquet") for part in ("train", "val")}
+
+
 def check_trained_on(checkpoint: Checkpoint, split_dir: Path, digests: dict[str, Any],
                      path: Path, test_relations: list[str]) -> None:
     """Refuse a model whose stored split digests are not those of ``split_dir``, or whose
@@ -123,7 +128,7 @@ def evaluate_split(split_dir: Path, models_dir: Path, cfg: EvalConfig, device: s
     """
     eps = SplitEpisodes.read(split_dir, cfg, split_index)
     eps.descriptions = dict(descriptions or {})
-    digests = {part: file_digest(split_dir / f"{part}.parquet") for part in ("train", "val")}
+    digests = split_digests(split_dir)
 
     def check(checkpoint: Checkpoint, path: Path) -> None:
         check_trained_on(checkpoint, split_dir, digests, path, eps.test.relations)
