@@ -4,8 +4,9 @@ Two models folders of one benchmark (say the default and a ``dvc exp run -S ...`
 copied aside) hold checkpoints of the same method trained on the same splits. Each split's
 test episodes are drawn as ``evaluate`` draws them (``params.yaml``'s ``evaluate`` section, so
 the same episodes as the pipeline's metrics), scored with both checkpoints, and the difference
-B - A is reported per setting: the mean over splits, its t 95% interval over splits (two or
-more splits) and the normal 95% interval over the pooled paired episodes.
+B - A is reported per setting (with A's and B's accuracies): the mean over splits, its t 95%
+interval over splits (two or more splits) and the normal 95% interval over the pooled paired
+episodes.
 
 Usage:
     python scripts/paired_runs.py --splits data/benchmarks/fewrel --a models-names/fewrel \
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise PipelineError(f"no split of {args.splits} has models under both {args.a} and "
                             f"{args.b}; give two models folders of this benchmark")
     diffs: dict[str, dict[str, dict[str, np.ndarray]]] = {}
+    means_of: dict[str, dict[str, dict[str, list[float]]]] = {}
     for name in names:
         index = int(name.rsplit("_", 1)[-1])
         a = episodes_of(args.a, args.splits / name, index, cfg)
@@ -71,6 +73,9 @@ def main(argv: list[str] | None = None) -> dict:
                 if s in b.get(m, {}):
                     d = (b[m][s] - a[m][s]) * 100
                     diffs.setdefault(m, {}).setdefault(s, {})[name] = d
+                    acc = means_of.setdefault(m, {}).setdefault(s, {"a": [], "b": []})
+                    acc["a"].append(float(a[m][s].mean() * 100))
+                    acc["b"].append(float(b[m][s].mean() * 100))
     out: dict = {}
     for m, by_setting in diffs.items():
         for s, by_split in by_setting.items():
@@ -80,10 +85,13 @@ def main(argv: list[str] | None = None) -> dict:
                 "diff": round(float(np.mean(means)), 2),
                 "ci95": (round(report.interval(means)["ci95"], 2) if len(means) > 1 else None),
                 "episode_ci95": round(report.normal_ci95(pooled), 2),
-                "per_split": {k: round(v, 2) for k, v in zip(by_split, means, strict=True)}}
+                "per_split": {k: round(v, 2) for k, v in zip(by_split, means, strict=True)},
+                "a": round(float(np.mean(means_of[m][s]["a"])), 2),
+                "b": round(float(np.mean(means_of[m][s]["b"])), 2)}
             row = out[m][s]
             between = f" ± {row['ci95']:.2f} over splits" if row["ci95"] is not None else ""
-            print(f"{m} {s}: B - A = {row['diff']:+.2f}{between} "
+            print(f"{m} {s}: A {row['a']:.2f}, B {row['b']:.2f}, "
+                  f"B - A = {row['diff']:+.2f}{between} "
                   f"(± {row['episode_ci95']:.2f} over {len(pooled)} paired episodes)")
     if args.out is not None:
         with atomic_path(args.out) as tmp:

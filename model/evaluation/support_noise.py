@@ -8,10 +8,11 @@ noisy episodes is paired with the clean ones.
 :func:`support_suspicion` scores how unlikely each support sentence's label is given the
 rest of the support (:mod:`model.posterior.suspicion`): a head with a ``gaussian``
 posterior (REGRAB, and its ablation without the graph prior) by the leave-one-out posterior
-predictive with its prior means, lambda (per episode with ``prior_trust: evidence``) and
-sigma^2; every other head by the leave-one-out prototype of its encodings, the point
-estimate a prototype method has. :func:`suspicion_batches` runs it over episodes and
-:func:`detection_of_wrong` scores it as a detector of the planted sentence.
+predictive with its prior means, lambda (per episode with ``prior_trust: evidence`` or
+``checked``: the evidence rule) and sigma^2; every other head by the leave-one-out prototype
+of its encodings, the point estimate a prototype method has. :func:`suspicion_batches` runs
+it over episodes and :func:`detection_of_wrong` scores it as a detector of the planted
+sentence.
 
 Shapes:
     B episodes, N ways, K shots, Q queries per way, D encoding size.
@@ -100,7 +101,7 @@ def support_suspicion(head: Any, support: torch.Tensor, h: torch.Tensor | None,
     if sampler is None or h is None:
         return prototype_suspicion(support, counts)
     lam, var = sampler.precision, sampler.variance
-    if sampler.config.prior_trust == "evidence":
+    if sampler.config.prior_trust in ("evidence", "checked"):
         lam = episode_precision(support, counts, h, lam, var)
     return gaussian_suspicion(support, h, lam, var, counts)
 

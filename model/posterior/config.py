@@ -49,7 +49,10 @@ class LangevinConfig:
             prior variance they imply, so priors that point at the wrong relations are
             discounted by the evidence rather than trusted as in training. The softmax
             likelihoods keep lambda (the estimate needs the Gaussian model).
-            Without shots there is no evidence and lambda stays.
+            Without shots there is no evidence and lambda stays. ``checked``: the evidence
+            rule, and at evaluation the episode's precision times the probability that its
+            priors name its ways (:mod:`model.posterior.prior_check`); training is as
+            ``evidence``.
         noise_train: add the SGLD noise during training.
         noise_eval: add it at evaluation (off: S collapses to one deterministic chain and
             the predictive is a point estimate, not a posterior average).
@@ -89,12 +92,14 @@ class LangevinConfig:
     scales: Literal["fixed", "learned", "heldout"] = field(
         doc="fixed (the two numbers above), learned (by the few-shot loss) or heldout (empirical "
             "Bayes on the validation relations at every validation)")
-    prior_trust: Literal["fixed", "evidence"] = field(
+    prior_trust: Literal["fixed", "evidence", "checked"] = field(
         doc="fixed: every way's prior has precision lambda (paper); evidence: an episode whose "
             "support means fall farther from their h_r than lambda and sigma^2 predict gets a "
             "wider prior, 1/lambda_e = max(1/lambda, mean_r |m_r - h_r|^2 / D - sigma^2 / K), "
             "so priors that point at the wrong relations are discounted (with the gaussian "
-            "likelihood; the softmax ones keep lambda)")
+            "likelihood; the softmax ones keep lambda); checked: evidence, and at evaluation "
+            "lambda_e times P(the priors name the ways | the support's labels), the Bayes "
+            "factor of the prior's zero-shot predictive of the support labels against chance")
     noise_train: bool = field(doc="add the Langevin noise during training")
     noise_eval: bool = field(doc="add it at evaluation too, so the predictive averages S samples "
                                  "(off: one deterministic chain, a point estimate)")

@@ -56,6 +56,7 @@ from torch import nn
 
 from model.posterior.config import LangevinConfig
 from model.posterior.logits import gaussian_sample_logits, predictive_shift, prototype_logits
+from model.posterior.prior_check import prior_check
 from model.posterior.target import (
     gaussian_posterior,
     init_prototypes,
@@ -124,15 +125,22 @@ class LangevinSampler(nn.Module):
 
     def support_precision(self, support: torch.Tensor, h: torch.Tensor,
                           shots: torch.Tensor | None = None) -> torch.Tensor | float:
-        """lambda, or with ``prior_trust: evidence`` each episode's (:func:`way_precision`).
+        """lambda, or with ``prior_trust: evidence`` each episode's (:func:`way_precision`);
+        ``checked`` also multiplies it, at evaluation, by the probability that the priors
+        name the episode's ways (:func:`~model.posterior.prior_check.prior_check`).
 
         Shapes:
             support: (B, N, K, D) with K >= 1, h: (B, N, D), shots: (B, N) or None
             -> scalar or (B, 1, 1)
         """
-        if self.config.prior_trust == "evidence" and self.config.likelihood == "gaussian":
-            return way_precision(support, h, self.precision, self.variance, shots)
-        return self.precision
+        cfg = self.config
+        if cfg.prior_trust == "fixed" or cfg.likelihood != "gaussian":
+            return self.precision
+        lam = way_precision(support, h, self.precision, self.variance, shots)
+        if cfg.prior_trust == "checked" and not self.training:
+            lam = lam * prior_check(support, h, self.precision, self.variance,
+                                    cfg.temperature, shots).clamp(min=1e-6)
+        return lam
 
     def chain_law(self, v0: torch.Tensor, support: torch.Tensor, h: torch.Tensor,
                   shots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

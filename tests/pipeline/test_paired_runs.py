@@ -45,6 +45,7 @@ def test_the_same_run_twice_differs_by_nothing(runs):
     assert set(out) == {"regrab", "proto"} and set(out["regrab"]) == {"2w1s", "2w0s"}
     for row in (out["regrab"]["2w1s"], out["proto"]["2w1s"]):
         assert row["diff"] == 0.0 and row["ci95"] == 0.0 and row["episode_ci95"] == 0.0
+        assert row["a"] == row["b"] and 0.0 <= row["a"] <= 100.0
         assert set(row["per_split"]) == {"split_0", "split_1"}
 
 
