@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> dict:
     if not names:
         raise PipelineError(f"no split of {args.splits} has models under both {args.a} and "
                             f"{args.b}; give two models folders of this benchmark")
-    diffs: dict[str, dict[str, dict[str, np.ndarray]]] = {}
-    means_of: dict[str, dict[str, dict[str, list[float]]]] = {}
+    # {method: {setting: {split: (A's, B's per-episode accuracy)}}}
+    pairs: dict[str, dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]] = {}
     for name in names:
         index = int(name.rsplit("_", 1)[-1])
         a = episodes_of(args.a, args.splits / name, index, cfg)
@@ -71,14 +71,11 @@ def main(argv: list[str] | None = None) -> dict:
         for m in cfg.methods:
             for s in a.get(m, {}):
                 if s in b.get(m, {}):
-                    d = (b[m][s] - a[m][s]) * 100
-                    diffs.setdefault(m, {}).setdefault(s, {})[name] = d
-                    acc = means_of.setdefault(m, {}).setdefault(s, {"a": [], "b": []})
-                    acc["a"].append(float(a[m][s].mean() * 100))
-                    acc["b"].append(float(b[m][s].mean() * 100))
+                    pairs.setdefault(m, {}).setdefault(s, {})[name] = (a[m][s], b[m][s])
     out: dict = {}
-    for m, by_setting in diffs.items():
-        for s, by_split in by_setting.items():
+    for m, by_setting in pairs.items():
+        for s, by_pair in by_setting.items():
+            by_split = {k: (pb - pa) * 100 for k, (pa, pb) in by_pair.items()}
             means = [float(d.mean()) for d in by_split.values()]
             pooled = np.concatenate(list(by_split.values()))
             out.setdefault(m, {})[s] = {
@@ -86,8 +83,8 @@ def main(argv: list[str] | None = None) -> dict:
                 "ci95": (round(report.interval(means)["ci95"], 2) if len(means) > 1 else None),
                 "episode_ci95": round(report.normal_ci95(pooled), 2),
                 "per_split": {k: round(v, 2) for k, v in zip(by_split, means, strict=True)},
-                "a": round(float(np.mean(means_of[m][s]["a"])), 2),
-                "b": round(float(np.mean(means_of[m][s]["b"])), 2)}
+                "a": round(float(np.mean([pa.mean() * 100 for pa, _ in by_pair.values()])), 2),
+                "b": round(float(np.mean([pb.mean() * 100 for _, pb in by_pair.values()])), 2)}
             row = out[m][s]
             between = f" ± {row['ci95']:.2f} over splits" if row["ci95"] is not None else ""
             print(f"{m} {s}: A {row['a']:.2f}, B {row['b']:.2f}, "
