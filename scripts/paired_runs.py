@@ -10,7 +10,12 @@ episodes.
 
 Usage:
     python scripts/paired_runs.py --splits data/benchmarks/fewrel --a models-names/fewrel \
-        --b models/fewrel --methods regrab,proto_label --settings 5w0s,5w1s [--out diff.json]
+        --b models/fewrel --methods regrab,proto_label --settings 5w0s,5w1s \
+        [--relations data/raw/fewrel/pid2name.json] [--out diff.json]
+
+Give ``--relations`` as the ``evaluate`` stage gets it (dvc.yaml): without it, a test relation
+outside a model's graph is read by its name alone and the zero-shot scores fall below the
+pipeline's metrics.
 """
 
 from __future__ import annotations
@@ -30,14 +35,17 @@ from model.evaluation.splits import evaluate_split
 from pipeline import report
 from pipeline.config import load_section, set_threads
 from pipeline.errors import PipelineError, run_cli
+from pipeline.fewrel import load_relation_texts
 from pipeline.io import atomic_path
 
 
-def episodes_of(models: Path, split_dir: Path, index: int, cfg: EvalConfig
+def episodes_of(models: Path, split_dir: Path, index: int, cfg: EvalConfig,
+                descriptions: dict[str, str | None] | None = None
                 ) -> dict[str, dict[str, np.ndarray]]:
     """``{method: {setting: per-episode accuracy}}`` of one split's checkpoints."""
     with torch.no_grad():
-        cells, _ = evaluate_split(split_dir, models, cfg, "cpu", LowerCache(), index)
+        cells, _ = evaluate_split(split_dir, models, cfg, "cpu", LowerCache(), index,
+                                  descriptions=descriptions)
     return {m: {s: np.asarray(c["episodes"], float) for s, c in row.items()}
             for m, row in cells.items()}
 
@@ -49,6 +57,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--b", type=Path, required=True, help="models folder of run B")
     parser.add_argument("--methods", required=True, help="comma-separated methods")
     parser.add_argument("--settings", required=True, help="comma-separated {N}w{K}s")
+    parser.add_argument("--relations", type=Path, default=None,
+                        help="relation names and descriptions (FewRel's pid2name.json format), "
+                             "as the evaluate stage reads them: descriptions of test relations "
+                             "outside a model's graph")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--out", type=Path, default=None, help="JSON of the differences")
     args = parser.parse_args(argv)
@@ -57,6 +69,8 @@ def main(argv: list[str] | None = None) -> dict:
                               settings=tuple(args.settings.split(",")), nota_rates=(),
                               nota_settings=(), floor=False, temperature_episodes=0, splits=())
     set_threads(base.threads)
+    said = {} if args.relations is None else {
+        r: d for r, (_, d) in load_relation_texts(args.relations).items()}
     names = sorted(p.name for p in args.splits.glob("split_*")
                    if (args.a / p.name).is_dir() and (args.b / p.name).is_dir())
     if not names:
@@ -66,8 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
     pairs: dict[str, dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]] = {}
     for name in names:
         index = int(name.rsplit("_", 1)[-1])
-        a = episodes_of(args.a, args.splits / name, index, cfg)
-        b = episodes_of(args.b, args.splits / name, index, cfg)
+        a = episodes_of(args.a, args.splits / name, index, cfg, said)
+        b = episodes_of(args.b, args.splits / name, index, cfg, said)
         for m in cfg.methods:
             for s in a.get(m, {}):
                 if s in b.get(m, {}):

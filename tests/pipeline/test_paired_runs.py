@@ -74,3 +74,27 @@ def test_a_crash_while_writing_out_leaves_the_old_file(runs, tmp_path, monkeypat
                           "--params", str(p), "--out", str(out)])
     monkeypatch.undo()
     assert out.read_text() == '{"old": 1}\n' and sorted(tmp_path.iterdir()) == [out]
+
+
+def test_relation_descriptions_reach_both_runs_as_evaluate_reads_them(runs, tmp_path,
+                                                                      monkeypatch):
+    root, splits, p = runs
+    texts = tmp_path / "pid2name.json"
+    texts.write_text('{"R0": ["first", "the first relation"], "R1": ["second"]}')
+    seen = []
+    real = paired_runs.evaluate_split
+
+    def spy(*args, descriptions=None, **kwargs):
+        seen.append(descriptions)
+        return real(*args, descriptions=descriptions, **kwargs)
+
+    monkeypatch.setattr(paired_runs, "evaluate_split", spy)
+    paired_runs.main(["--splits", str(splits), "--a", str(root / "a"), "--b", str(root / "a"),
+                      "--methods", "proto", "--settings", "2w1s", "--params", str(p),
+                      "--relations", str(texts)])
+    assert len(seen) == 4  # two splits, two runs each
+    assert all(d == {"R0": "the first relation", "R1": None} for d in seen)
+    seen.clear()
+    paired_runs.main(["--splits", str(splits), "--a", str(root / "a"), "--b", str(root / "a"),
+                      "--methods", "proto", "--settings", "2w1s", "--params", str(p)])
+    assert seen == [{}] * 4
