@@ -27,6 +27,8 @@ import math
 
 import torch
 
+from model.posterior.logits import similarity_logits
+
 
 def prior_check(support: torch.Tensor, h: torch.Tensor, precision: torch.Tensor | float,
                 variance: torch.Tensor | float, temperature: float,
@@ -50,7 +52,7 @@ def prior_check(support: torch.Tensor, h: torch.Tensor, precision: torch.Tensor 
     scale = var / (2.0 * temperature * (var + 1.0 / torch.as_tensor(precision, dtype=h.dtype,
                                                                      device=h.device)))
     x = support.reshape(b, n * k, d)
-    dist = torch.cdist(x, h).square()  # (B, N K, N)
+    dist = -2.0 * similarity_logits(x, h, "euclidean", 1.0)  # |x - h_r|^2: (B, N K, N)
     logp = torch.log_softmax(-scale * dist, dim=-1)
     own = logp.gather(-1, torch.arange(n, device=h.device).repeat_interleave(k)
                       .expand(b, -1)[..., None])[..., 0]  # (B, N K)
@@ -59,6 +61,7 @@ def prior_check(support: torch.Tensor, h: torch.Tensor, precision: torch.Tensor 
     else:
         filled = (torch.arange(k, device=h.device)
                   < shots[..., None].to(h.device)).reshape(b, n * k)
-    log_bf = ((own + math.log(n)) * filled).sum(-1)  # (B,)
+    # Padded slots are left out, whatever they hold (a product with the mask lets NaN through).
+    log_bf = torch.where(filled, own + math.log(n), torch.zeros_like(own)).sum(-1)  # (B,)
     kept = torch.where(filled.any(-1), torch.sigmoid(log_bf), torch.ones_like(log_bf))
     return kept.view(-1, 1, 1)

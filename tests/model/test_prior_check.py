@@ -54,6 +54,10 @@ def test_padding_is_not_read_and_an_episode_without_shots_keeps_its_prior():
         noisy[0, r, kr:] = 100.0  # padded slots: must not count
     assert torch.allclose(prior_check(support, h, 1.0, 0.5, 2.5, shots),
                           prior_check(noisy, h, 1.0, 0.5, 2.5, shots))
+    for r, kr in enumerate(shots[0].tolist()):
+        noisy[0, r, kr:] = math.nan  # whatever a padded slot holds
+    assert torch.allclose(prior_check(support, h, 1.0, 0.5, 2.5, shots),
+                          prior_check(noisy, h, 1.0, 0.5, 2.5, shots))
     none = torch.zeros(1, 4, dtype=torch.long)
     assert float(prior_check(support, h, 1.0, 0.5, 2.5, none)) == 1.0
 
