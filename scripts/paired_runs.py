@@ -11,11 +11,12 @@ episodes.
 Usage:
     python scripts/paired_runs.py --splits data/benchmarks/fewrel --a models-names/fewrel \
         --b models/fewrel --methods regrab,proto_label --settings 5w0s,5w1s \
-        [--relations data/raw/fewrel/pid2name.json] [--out diff.json]
+        [--relations names.json] [--out diff.json]
 
-Give ``--relations`` as the ``evaluate`` stage gets it (dvc.yaml): without it, a test relation
-outside a model's graph is read by its name alone and the zero-shot scores fall below the
-pipeline's metrics.
+Relation descriptions are read as the ``evaluate`` stage reads them (dvc.yaml):
+``--relations``, by default the pipeline's ``data/raw/fewrel/pid2name.json`` when it exists;
+without them a test relation outside a model's graph is read by its name alone and the
+zero-shot scores fall below the pipeline's metrics.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from pipeline.config import load_section, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.fewrel import load_relation_texts
 from pipeline.io import atomic_path
+
+#: What the evaluate stage reads (dvc.yaml), relative to the project root.
+RELATIONS = Path("data/raw/fewrel/pid2name.json")
 
 
 def episodes_of(models: Path, split_dir: Path, index: int, cfg: EvalConfig,
@@ -60,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--relations", type=Path, default=None,
                         help="relation names and descriptions (FewRel's pid2name.json format), "
                              "as the evaluate stage reads them: descriptions of test relations "
-                             "outside a model's graph")
+                             f"outside a model's graph (default: {RELATIONS} when it exists)")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--out", type=Path, default=None, help="JSON of the differences")
     args = parser.parse_args(argv)
@@ -69,8 +73,9 @@ def main(argv: list[str] | None = None) -> dict:
                               settings=tuple(args.settings.split(",")), nota_rates=(),
                               nota_settings=(), floor=False, temperature_episodes=0, splits=())
     set_threads(base.threads)
-    said = {} if args.relations is None else {
-        r: d for r, (_, d) in load_relation_texts(args.relations).items()}
+    relations = args.relations or (RELATIONS if RELATIONS.is_file() else None)
+    said = {} if relations is None else {
+        r: d for r, (_, d) in load_relation_texts(relations).items()}
     names = sorted(p.name for p in args.splits.glob("split_*")
                    if (args.a / p.name).is_dir() and (args.b / p.name).is_dir())
     if not names:

@@ -94,7 +94,11 @@ def test_relation_descriptions_reach_both_runs_as_evaluate_reads_them(runs, tmp_
                       "--relations", str(texts)])
     assert len(seen) == 4  # two splits, two runs each
     assert all(d == {"R0": "the first relation", "R1": None} for d in seen)
-    seen.clear()
-    paired_runs.main(["--splits", str(splits), "--a", str(root / "a"), "--b", str(root / "a"),
-                      "--methods", "proto", "--settings", "2w1s", "--params", str(p)])
-    assert seen == [{}] * 4
+    # Without --relations: the pipeline's file when the project has one, else none.
+    for there in (True, False):
+        seen.clear()
+        monkeypatch.setattr(paired_runs, "RELATIONS", texts if there else tmp_path / "none.json")
+        paired_runs.main(["--splits", str(splits), "--a", str(root / "a"), "--b",
+                          str(root / "a"), "--methods", "proto", "--settings", "2w1s",
+                          "--params", str(p)])
+        assert seen == [{"R0": "the first relation", "R1": None} if there else {}] * 4
