@@ -184,6 +184,16 @@ def load_relation_texts(path: Path) -> dict[str, tuple[str, str | None]]:
     return texts
 
 
+def load_relation_descriptions(path: Path | None) -> dict[str, str | None]:
+    """Map relation key -> description (None: the entry has none) from a relations file read
+    by :func:`load_relation_texts`; ``{}`` without a file. What ``evaluate`` and the labelling
+    simulation give priors with ``model.prior.descriptions`` for relations outside the graph.
+    """
+    if path is None:
+        return {}
+    return {r: d for r, (_, d) in load_relation_texts(path).items()}
+
+
 def load_relation_names(path: Path | None) -> tuple[dict[str, str], int]:
     """Map relation id -> English name from FewRel's ``pid2name.json`` (optional).
 

@@ -36,7 +36,7 @@ from model.evaluation.splits import evaluate_split
 from pipeline import report
 from pipeline.config import load_section, set_threads
 from pipeline.errors import PipelineError, run_cli
-from pipeline.fewrel import load_relation_texts
+from pipeline.fewrel import load_relation_descriptions
 from pipeline.io import atomic_path
 
 #: What the evaluate stage reads (dvc.yaml), relative to the project root.
@@ -74,8 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
                               nota_settings=(), floor=False, temperature_episodes=0, splits=())
     set_threads(base.threads)
     relations = args.relations or (RELATIONS if RELATIONS.is_file() else None)
-    said = {} if relations is None else {
-        r: d for r, (_, d) in load_relation_texts(relations).items()}
+    said = load_relation_descriptions(relations)
     names = sorted(p.name for p in args.splits.glob("split_*")
                    if (args.a / p.name).is_dir() and (args.b / p.name).is_dir())
     if not names:

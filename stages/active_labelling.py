@@ -55,7 +55,7 @@ from pipeline.config import (
     set_threads,
 )
 from pipeline.errors import PipelineError, run_cli
-from pipeline.fewrel import load_relation_texts
+from pipeline.fewrel import load_relation_descriptions
 from pipeline.io import (
     atomic_paths,
     check_writable,
@@ -213,8 +213,7 @@ def plan(args: argparse.Namespace, params: ActiveLabellingParams
                 f"fewer than active_labelling.ways {params.ways}; lower the pool or queries")
         tables[name] = (table, said)
         titles[name] = spec.title
-    said = {} if args.relations is None else {
-        r: d for r, (_, d) in load_relation_texts(args.relations).items()}
+    said = load_relation_descriptions(args.relations)
     jobs = []
     for split in names:
         test = read_fewshot(splits_dir / split / "test.parquet")

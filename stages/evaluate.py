@@ -32,7 +32,7 @@ from pipeline import detection, plots, report, support_noise
 from pipeline.cluster import add_cluster_argument
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError, run_cli
-from pipeline.fewrel import load_relation_texts
+from pipeline.fewrel import load_relation_descriptions
 from pipeline.io import atomic_paths, remove_stale_temporaries
 from pipeline.workers import JobFiles, run_jobs, usable_workers
 
@@ -140,8 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     comparison = load_comparison(args.params, cfg.methods)
     jobs = split_jobs(args.splits, names, cfg, comparison, usable_workers(cfg.workers, device))
-    said = {} if args.relations is None else {
-        r: d for r, (_, d) in load_relation_texts(args.relations).items()}
+    said = load_relation_descriptions(args.relations)
     per_split, nota = score_jobs(jobs, args.models, cfg, device, said, args.cluster)
     summary = (report.summarise(per_split, nota) | detection.summarise_uncertainty(per_split, nota)
                | support_noise.summarise(per_split))

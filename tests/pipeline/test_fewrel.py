@@ -10,6 +10,7 @@ from pipeline.errors import PipelineError
 from pipeline.fewrel import (
     convert,
     load_json,
+    load_relation_descriptions,
     load_relation_names,
     load_relation_texts,
     parse_record,
@@ -85,3 +86,13 @@ def test_relation_texts_read_every_entry_the_same_way(tmp_path: Path) -> None:
     path.write_text(json.dumps({"P17": ["", "x"]}))
     with pytest.raises(PipelineError, match="non-empty name"):
         load_relation_texts(path)
+
+
+def test_relation_descriptions_are_the_texts_without_their_names(tmp_path):
+    path = tmp_path / "relations.json"
+    path.write_text(json.dumps({"P1": ["one", "the first"], "P2": ["two"], "P3": ["three", ""]}))
+    assert load_relation_descriptions(path) == {"P1": "the first", "P2": None, "P3": None}
+    assert load_relation_descriptions(None) == {}
+    path.write_text(json.dumps({"P1": [""]}))
+    with pytest.raises(PipelineError, match="non-empty name"):
+        load_relation_descriptions(path)
