@@ -187,7 +187,7 @@ def load_relation_texts(path: Path) -> dict[str, tuple[str, str | None]]:
 def load_relation_descriptions(path: Path | None) -> dict[str, str | None]:
     """Map relation key -> description (None: the entry has none) from a relations file read
     by :func:`load_relation_texts`; ``{}`` without a file. What ``evaluate`` and the labelling
-    simulation give priors with ``model.prior.descriptions`` for relations outside the graph.
+    simulation give priors that read descriptions, for relations outside the graph.
     """
     if path is None:
         return {}
