@@ -395,13 +395,18 @@ def random_graph_triples(entities: int = 3000, relations: int = 30, triples: int
 
 
 @pytest.mark.slow
-def test_fresh_processes_give_identical_embeddings_idle_or_busy_with_one_or_two_threads(tmp_path):
-    """Bit-identical on one machine type: fresh processes with 2 threads and with 1, each
-    alone and beside busy processes that keep every core spinning.
+def test_fresh_processes_give_identical_embeddings_with_one_or_two_threads_and_busy_with_one(
+        tmp_path):
+    """Bit-identical on one machine type: fresh processes with 2 threads and with 1 on an
+    idle machine, and with 1 (params.yaml's) beside busy processes that keep every core
+    spinning.
 
     Batches of 2048 positives x 64 negatives are big enough for torch to split the loss
     reductions and BLAS products across threads, so this would catch an order of
-    summation that depends on the thread count, on scheduling or on the machine's load.
+    summation that depends on the thread count or on the machine's load. Two threads on a
+    busy machine are not held to it: one such run in a CI run differed in the last digits
+    and passed when rerun (the split of the work can follow what the cores are doing),
+    which is why the stage trains with one.
     """
     import subprocess
     import sys
@@ -430,13 +435,12 @@ def test_fresh_processes_give_identical_embeddings_idle_or_busy_with_one_or_two_
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                for _ in range(2 * (os.cpu_count() or 1))]
     try:
-        digests["busy2"] = train("busy2", 2)
         digests["busy1"] = train("busy1", 1)
     finally:
         for burner in burners:
             burner.kill()
             burner.wait()
-    for name in ("b", "c", "busy2", "busy1"):
+    for name in ("b", "c", "busy1"):
         np.testing.assert_array_equal(digests["a"], digests[name], err_msg=name)
 
 
