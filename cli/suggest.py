@@ -7,12 +7,18 @@ sentence to label first on top: label it, add it to the support, run again.
 
 Strategies (``--strategy``; every score is larger for the sentences to label first):
 
-* ``bald`` (default for a checkpoint with posterior samples, i.e. regrab): the mutual
+* ``bald`` (needs a checkpoint with posterior samples, i.e. regrab): the mutual
   information between the sentence's relation and the prototypes, in nats: the sentences the
   posterior samples disagree on, whose label teaches the prototypes most;
-* ``entropy`` (default otherwise): the entropy of the predicted relation, in nats;
+* ``entropy``: the entropy of the predicted relation, in nats;
 * ``margin``: one minus the gap between the two most probable relations (the sentences
   closest to a decision boundary);
+* ``typiclust`` (the default): the most typical sentence of the largest cluster of encodings
+  (support and pool) that holds no labelled sentence; the first ``--picks`` by repeated
+  picks, each counted as labelled for the next, the rest by typicality. Its score is the
+  number of pool sentences ranked after it. It reads the encodings only, so every checkpoint
+  can use it; in the labelling simulation it beat random labels and ``bald`` on NYT-25 and
+  SemEval (docs/results.md, "Ask: which sentence to label next");
 * ``random``: a random order from ``--seed``, the floor the others should beat.
 
 The output has one row per readable pool sentence, in rank order: ``rank`` (1 = label
@@ -25,7 +31,7 @@ pool sentence is skipped and counted.
 Usage:
     regrab-suggest --checkpoint models/nyt25/split_0/regrab/model.safetensors \
         --support support.jsonl --pool unlabelled.jsonl --out ranked.jsonl \
-        [--strategy bald] [--seed 0] [--device auto]
+        [--strategy typiclust] [--seed 0] [--device auto]
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import torch
 from tqdm import tqdm
@@ -45,14 +52,16 @@ from cli.predict import SHOWN_SKIPS, read_sentences, support_inputs
 from cli.text import shown
 from model.evaluation.uncertainty import mc_log_probs
 from model.predict.active import (
+    DEFAULT_STRATEGY,
     acquisition_scores,
     check_strategy,
-    default_strategy,
     random_scores,
     ranking,
 )
 from model.predict.config import STRATEGIES
 from model.predict.predictor import NonFinite, Predictor
+from model.predict.typiclust import typiclust_order
+from pipeline.errors import PipelineError
 
 OUTPUT_FORMATS = (".jsonl", ".csv", ".parquet")
 #: The columns of the output, in order, with their Arrow types.
@@ -98,9 +107,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "before any work)")
     p.add_argument("--strategy", choices=list(STRATEGIES), default=None,
                    help="how to rank: bald (mutual information between the label and the "
-                        "prototypes; needs posterior samples, as regrab's), entropy, margin or "
-                        "random (default: bald for a checkpoint with posterior samples, else "
-                        "entropy)")
+                        "prototypes; needs posterior samples, as regrab's), entropy, margin, "
+                        "typiclust (typical sentences of unlabelled clusters) or random "
+                        "(default: typiclust)")
+    p.add_argument("--picks", type=int, default=50,
+                   help="typiclust: pool sentences ranked by repeated picks (one k-means each); "
+                        "the rest by typicality (default 50)")
     p.add_argument("--zero-shot", action="append", default=[], metavar="IDS",
                    help="candidate relations with no labelled sentence yet, predicted from "
                         "their prior (regrab): comma-separated ids; repeatable")
@@ -114,6 +126,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "pool sentences per model call")
     args = p.parse_args(argv)
     check_run_options(args)
+    if args.picks < 1:
+        raise PipelineError(f"--picks {args.picks}: rank at least one pool sentence by "
+                            "repeated picks (--picks 1 or more)")
     check_output(args.out, OUTPUT_FORMATS)  # before the model is loaded, not after the ranking
     refuse_same(args.out, "--out", {"--pool": args.pool, "--support": args.support,
                                     "--relations": args.relations})
@@ -135,17 +150,20 @@ def suggest(argv: list[str] | None = None) -> dict[str, Any]:
                                     progress=long)
     # One sentence tells whether the head samples its prototypes, before the pool is encoded.
     samples = predictor.sample_logits(predictor.encode([pool[0]["sentence"]])).shape[0]
-    strategy = check_strategy(args.strategy or default_strategy(samples), samples,
+    strategy = check_strategy(args.strategy or DEFAULT_STRATEGY, samples,
                               f"checkpoint {args.checkpoint} ({predictor.model.config.method})",
-                              "use --strategy entropy or margin, or a regrab checkpoint")
-    scores, best, prob = [], [], []
+                              "use --strategy typiclust, entropy or margin, or a regrab "
+                              "checkpoint")
+    scores, best, prob, encodings = [], [], [], []
     for s in tqdm(starts, desc="suggest", unit="chunk", disable=len(starts) < 2):
         part = pool[s : s + args.chunk]
-        logits = predictor.sample_logits(
-            predictor.encode([q["sentence"] for q in part])).double()  # (S, P, N)
+        enc = predictor.encode([q["sentence"] for q in part])  # (P, D)
+        if strategy == "typiclust":
+            encodings.append(enc)
+        logits = predictor.sample_logits(enc).double()  # (S, P, N)
         probs = mc_log_probs(logits).exp()  # (P, N)
         finite = torch.isfinite(probs).all(-1)
-        if strategy != "random":
+        if strategy not in ("random", "typiclust"):
             scores.append(acquisition_scores(strategy, logits))  # (P,)
             finite &= torch.isfinite(scores[-1])
         if not bool(finite.all()):
@@ -154,8 +172,14 @@ def suggest(argv: list[str] | None = None) -> dict[str, Any]:
         top = probs.max(-1)
         best += [summary.relations[i] for i in top.indices.tolist()]
         prob += top.values.tolist()
-    score = (random_scores((len(pool),), torch.Generator().manual_seed(args.seed))
-             if strategy == "random" else torch.cat(scores)).cpu().numpy()
+    if strategy == "typiclust":
+        order = typiclust_order(predictor.support_encodings, torch.cat(encodings),
+                                torch.Generator().manual_seed(args.seed), args.picks)
+        score = np.empty(len(pool))
+        score[order] = np.arange(len(pool) - 1, -1, -1, dtype=np.float64)
+    else:
+        score = (random_scores((len(pool),), torch.Generator().manual_seed(args.seed))
+                 if strategy == "random" else torch.cat(scores)).cpu().numpy()
     rows = [{"rank": rank, "line": pool[i]["line"], "id": pool[i]["id"],
              "text": pool[i]["sentence"].marked(), "score": float(score[i]), "best": best[i],
              "probability": float(prob[i])}

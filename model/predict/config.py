@@ -19,6 +19,8 @@ STRATEGIES = {
             "samples: REGRAB)",
     "entropy": "entropy of the predictive distribution",
     "margin": "smallest gap between the two most probable relations first",
+    "typiclust": "the most typical sentence of the largest cluster of encodings without a "
+                 "label (reads the encodings, not the model's predictions)",
     "random": "a seeded random order, the floor",
 }
 
@@ -55,7 +57,8 @@ class ActiveLabellingParams:
                                                "scores them)")
     methods: dict[str, tuple[str, ...]] = field(
         doc="method -> the strategies it runs: bald (mutual information between label and "
-            "prototypes; needs posterior samples, i.e. regrab), entropy, margin, random")
+            "prototypes; needs posterior samples, i.e. regrab), entropy, margin, typiclust "
+            "(typical sentences of unlabelled clusters), random")
     ways: int = field(ge=2, doc="relations per episode (N)")
     start: int = field(ge=1, doc="labelled sentences per relation at the start")
     pool: int = field(ge=1, doc="unlabelled sentences per relation in the pool")

@@ -206,11 +206,10 @@ class Predictor:
             raise PipelineError(f"batch size {batch_size}: give 1 or more")
         refuse_non_finite(model.state_dict())
         self.model = model.eval()
-        self.seed = int(seed)
+        self.seed, self.batch_size = int(seed), int(batch_size)
         self.threshold = None if threshold is None else float(threshold)
         self.abstain_rate, self.abstain_score = abstain_rate, abstain_score
         self.val_scores = tuple(val_scores or ())
-        self.batch_size = int(batch_size)
         self.device = next(model.parameters()).device
         self.summary: SupportSummary | None = None
         self.support_noise = support_noise
@@ -218,6 +217,7 @@ class Predictor:
         self.support_check: SupportCheck | None = None
         #: The support as one padded episode: (1, N, K, D), h (1, N, D) or None, counts (1, N).
         self._support: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
+        self.support_encodings: torch.Tensor | None = None  # (sum K, D), each sentence once
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike[str], device: str = "cpu",
@@ -312,7 +312,7 @@ class Predictor:
         h = head.prior_means(states, rows[None].to(self.device))  # (1, N, D) or None
         self.support_check = check_support(head, enc, shots, h, relations, self.support_noise)
         sup, counts = padded_support(enc, shots)  # (1, N, K, D), (1, N)
-        self._support = (sup, h, counts)
+        self._support, self.support_encodings = (sup, h, counts), enc
         priors = {} if model.prior is None else {r: model.prior.prior_kind(r)
                                                   for r in relations}
         texts = {} if model.prior is None else {r: model.prior.text_kind(r) for r in relations}

@@ -9,8 +9,9 @@ is refitted, and the query accuracy is recorded: once before the first label and
 every label.
 
 Every strategy runs on the same episodes (supports, pools and queries) with posterior
-samples from the same seed, and ``random`` draws its order from a generator seeded by the
-caller, so two methods given the same seed label the same sentences in ``random``.
+samples from the same seed (``typiclust``'s k-means seeded by it too), and ``random`` draws
+its order from a generator seeded by the caller, so two methods given the same seed label
+the same sentences in ``random``.
 
 The support grows unevenly across the ways. As :class:`~model.predict.predictor.Predictor`
 does, every user's support is one episode padded to its largest count with each way's count
@@ -35,7 +36,14 @@ import torch
 from model.episodes import EpisodeSampler, cycled
 from model.evaluation.uncertainty import mc_log_probs
 from model.posterior.shots import head_logits
-from model.predict.active import acquisition_scores, check_strategy, pick, random_scores
+from model.predict.active import (
+    READS_ENCODINGS,
+    acquisition_scores,
+    check_strategy,
+    pick,
+    random_scores,
+)
+from model.predict.typiclust import typiclust_picks
 from pipeline.errors import PipelineError
 
 
@@ -122,6 +130,26 @@ def support_logits(head: torch.nn.Module, enc: torch.Tensor, h: torch.Tensor | N
     return head_logits(head, sup, qry, h, generator, torch.from_numpy(counts).to(dev))
 
 
+def encoding_scores(enc: torch.Tensor, episodes: PoolEpisodes, support: np.ndarray,
+                    counts: np.ndarray, labelled: torch.Tensor,
+                    generator: torch.Generator) -> torch.Tensor:
+    """``typiclust``'s pick in every episode as scores: 1 for the pick, 0 elsewhere.
+
+    Shapes:
+        enc: (n, D), support: (B, N, K), counts: (B, N) with equal sums, labelled: (B, P)
+        -> (B, P)
+    """
+    b, n = counts.shape
+    rows = np.stack([np.concatenate([support[i, w, :counts[i, w]] for w in range(n)])
+                     for i in range(b)])  # (B, L)
+    taken = typiclust_picks(enc[torch.from_numpy(rows).to(enc.device)],
+                            enc[torch.from_numpy(episodes.pool).to(enc.device)], ~labelled,
+                            generator)  # (B,)
+    scores = torch.zeros(labelled.shape, dtype=torch.float64)
+    scores[torch.arange(b), taken] = 1.0
+    return scores
+
+
 @torch.no_grad()
 def simulate(head: torch.nn.Module, enc: torch.Tensor, h: torch.Tensor | None,
              episodes: PoolEpisodes, strategies: Sequence[str], labels: int, seed: int,
@@ -171,12 +199,13 @@ def simulate(head: torch.nn.Module, enc: torch.Tensor, h: torch.Tensor | None,
     truth = torch.from_numpy(episodes.query_way).to(dev)  # (B, Q)
     labelled = torch.zeros(a, b, p, dtype=torch.bool, device=dev)
     gens = [torch.Generator(device=dev).manual_seed(seed) for _ in strategies]
+    clusters = [torch.Generator().manual_seed(seed) for _ in strategies]  # typiclust's k-means
     acc = np.zeros((labels + 1, b, a))
     everyone = np.arange(b)
     for step in range(labels + 1):
         for j, s in enumerate(strategies):
-            # ``random`` needs no scores of the pool: only its queries are scored.
-            with_pool = s != "random" and step < labels
+            # ``random`` and ``typiclust`` need no scores of the pool: only queries are scored.
+            with_pool = s != "random" and s not in READS_ENCODINGS and step < labels
             scored = np.concatenate([episodes.pool, episodes.query], 1) if with_pool else \
                 episodes.query
             logits = support_logits(head, enc, h, support[j], counts[j], scored,
@@ -191,8 +220,12 @@ def simulate(head: torch.nn.Module, enc: torch.Tensor, h: torch.Tensor | None,
             acc[step, :, j] = (guess == truth).double().mean(1).cpu().numpy()
             if step == labels:
                 continue
-            scores = (acquisition_scores(s, logits[:, :, :p], what) if with_pool else
-                      random_scores((b, p), order))  # (B, P)
+            if s in READS_ENCODINGS:
+                scores = encoding_scores(enc, episodes, support[j], counts[j], labelled[j],
+                                         clusters[j])
+            else:
+                scores = (acquisition_scores(s, logits[:, :, :p], what) if with_pool else
+                          random_scores((b, p), order))  # (B, P)
             taken = pick(scores.to(dev), labelled[j]).cpu().numpy()  # (B,)
             way = episodes.pool_way[everyone, taken]
             support[j, everyone, way, counts[j, everyone, way]] = episodes.pool[everyone, taken]

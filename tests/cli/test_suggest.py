@@ -8,10 +8,12 @@ import math
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from cli import suggest
 from model.evaluation.uncertainty import uncertainty_scores
 from model.predict.predictor import Predictor
+from model.predict.typiclust import typiclust_pick
 from tests.cli.inputs import one_error, write_predict_inputs
 from tests.model.test_predictor import tiny_checkpoint
 
@@ -34,6 +36,17 @@ def files(tmp_path_factory):
             "pool": root / "pool.jsonl"}
 
 
+def fitted(files, method):
+    """The checkpoint's predictor, seed 0, fitted to the support file as the command reads it."""
+    pred = Predictor.from_checkpoint(files[method], "cpu", seed=0)
+    support = {}
+    for line in files["support"].read_text().splitlines():
+        rec = json.loads(line)
+        support.setdefault(rec["relation"], []).append(rec)
+    pred.set_support(support)
+    return pred
+
+
 def _argv(files, out, method="regrab", *extra):
     return ["--checkpoint", str(files[method]), "--support", str(files["support"]),
             "--pool", str(files["pool"]), "--out", str(out), "--device", "cpu", *extra]
@@ -41,7 +54,7 @@ def _argv(files, out, method="regrab", *extra):
 
 def test_ranks_the_pool_by_bald_for_regrab(files, tmp_path, capsys):
     out = tmp_path / "ranked.jsonl"
-    result = suggest.suggest(_argv(files, out))
+    result = suggest.suggest(_argv(files, out, "regrab", "--strategy", "bald"))
     assert result["strategy"] == "bald" and result["samples"] > 1
     assert result["ranked"] == 6 and result["skipped"] == 1
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -58,20 +71,16 @@ def test_ranks_the_pool_by_bald_for_regrab(files, tmp_path, capsys):
                                  f"bald; label first: line {rows[0]['line']}")
     assert printed[1].startswith("  skipped line 7: not JSON")
     # The scores are the mutual information of the model's own per-sample logits.
-    pred = Predictor.from_checkpoint(files["regrab"], "cpu", seed=0)
-    support = {}
-    for line in files["support"].read_text().splitlines():
-        rec = json.loads(line)
-        support.setdefault(rec["relation"], []).append(rec)
-    pred.set_support(support)
+    pred = fitted(files, "regrab")
     logits = pred.sample_logits(pred.encode([r["text"] for r in rows]))
     mi = uncertainty_scores(logits)["mutual_information"].numpy()
     np.testing.assert_allclose(scores, mi, rtol=1e-4, atol=1e-7)
 
 
-def test_proto_defaults_to_entropy_and_writes_csv_and_parquet(files, tmp_path):
+def test_proto_ranks_by_entropy_and_writes_csv_and_parquet(files, tmp_path):
     out = tmp_path / "ranked.csv"
-    assert suggest.suggest(_argv(files, out, "proto"))["strategy"] == "entropy"
+    assert suggest.suggest(_argv(files, out, "proto", "--strategy", "entropy"))["strategy"] \
+        == "entropy"
     with out.open() as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == ["rank", "line", "id", "text", "score", "best", "probability"]
@@ -83,6 +92,23 @@ def test_proto_defaults_to_entropy_and_writes_csv_and_parquet(files, tmp_path):
                                   "probability"]
     margin = table.column("score").to_pylist()
     assert margin == sorted(margin, reverse=True) and all(0 <= m <= 1 for m in margin)
+
+
+def test_typiclust_is_the_default_and_ranks_by_repeated_picks_for_any_method(files,
+                                                                             tmp_path):
+    out = tmp_path / "ranked.jsonl"
+    assert suggest.suggest(_argv(files, out))["strategy"] == "typiclust"  # regrab
+    result = suggest.suggest(_argv(files, out, "proto", "--chunk", "4", "--picks", "2"))
+    assert result["strategy"] == "typiclust" and result["ranked"] == 6
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["score"] for r in rows] == [5, 4, 3, 2, 1, 0]
+    # The first is the pick on the support's and the pool's encodings, from --seed.
+    pred = fitted(files, "proto")
+    assert pred.support_encodings.shape[0] == 6  # 3 ways x 2 shots, no padding
+    pool = pred.encode([r["text"] for r in sorted(rows, key=lambda r: r["line"])])
+    first = typiclust_pick(pred.support_encodings, pool, torch.ones(6, dtype=torch.bool),
+                           torch.Generator().manual_seed(0))
+    assert rows[0]["line"] == first + 1
 
 
 def test_random_is_seeded(files, tmp_path):
@@ -99,7 +125,7 @@ def test_bald_without_posterior_samples_is_one_error(files, tmp_path, capsys):
     err = one_error(capsys, lambda: suggest.main(_argv(files, out, "proto", "--strategy",
                                                        "bald")))
     assert "strategy bald" in err and "(proto) has none" in err
-    assert "--strategy entropy or margin" in err and not out.exists()
+    assert "--strategy typiclust, entropy or margin" in err and not out.exists()
 
 
 def test_bad_output_is_refused_before_the_model_is_loaded(files, tmp_path, capsys,
@@ -151,6 +177,7 @@ def test_nan_scores_stop_naming_the_pool_line(files, tmp_path, capsys, monkeypat
     (["--seed", "-1"], "--seed -1 is out of range"),
     (["--threads", "100000"], "--threads 100000: give 0"),
     (["--chunk", "0"], "--batch-size and --chunk must be >= 1"),
+    (["--picks", "0"], "--picks 0: rank at least one pool sentence"),
 ])
 def test_numbers_out_of_range_stop_before_loading(files, tmp_path, capsys, monkeypatch, extra,
                                                   words):

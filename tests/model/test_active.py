@@ -7,11 +7,12 @@ import torch
 from model.episodes import EpisodeSampler
 from model.evaluation.uncertainty import uncertainty_scores
 from model.methods.base import PrototypeHead
+from model.predict import simulation
 from model.predict.active import (
+    DEFAULT_STRATEGY,
     STRATEGIES,
     acquisition_scores,
     check_strategy,
-    default_strategy,
     pick,
     random_scores,
     ranking,
@@ -36,7 +37,10 @@ def test_each_strategy_ranks_by_its_uncertainty_score():
     # Margin: the smaller gap between the two top probabilities comes first.
     probs = torch.tensor([[[0.5, 0.45, 0.05], [0.9, 0.05, 0.05]]]).log()  # (S=1, P=2, N=3)
     assert ranking(acquisition_scores("margin", probs).numpy()).tolist() == [0, 1]
-    assert set(STRATEGIES) == {"bald", "entropy", "margin", "random"}
+    assert set(STRATEGIES) == {"bald", "entropy", "margin", "typiclust", "random"}
+    for strategy in ("typiclust", "random"):  # they read no logits
+        with pytest.raises(ValueError, match="does not rank by the logits"):
+            acquisition_scores(strategy, logits)
 
 
 def test_bald_is_refused_without_posterior_samples():
@@ -45,7 +49,7 @@ def test_bald_is_refused_without_posterior_samples():
     with pytest.raises(PipelineError, match="unknown; use one of bald, entropy"):
         check_strategy("uncertainty", 10)
     assert check_strategy("bald", 2) == "bald"
-    assert default_strategy(50) == "bald" and default_strategy(1) == "entropy"
+    assert DEFAULT_STRATEGY == "typiclust" and check_strategy(DEFAULT_STRATEGY, 1)
 
 
 def test_random_is_seeded_and_ranking_keeps_ties_in_pool_order():
@@ -136,6 +140,30 @@ def test_simulation_labels_the_pool_one_sentence_at_a_time():
     again = simulate(head, enc, None, eps, ["random"], 6, 0,
                      torch.Generator().manual_seed(1))
     assert np.array_equal(again[:, :, 0], acc[:, :, 2])
+
+
+def test_typiclust_labels_what_its_pick_says_from_the_encodings():
+    eps = _episodes(count=3)
+    centres = torch.randn(3, 16, generator=torch.Generator().manual_seed(0)) * 3
+    enc = centres.repeat_interleave(10, 0) + torch.randn(30, 16)
+    head = PrototypeHead("euclidean", 1.0).eval()
+    seen = []
+    real = simulation.typiclust_picks
+
+    def spy(labelled, pool, free, generator):
+        i = real(labelled, pool, free, generator)
+        seen.append((labelled.shape[:2], free.sum(-1).tolist()))
+        return i
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(simulation, "typiclust_picks", spy)
+        acc = simulate(head, enc, None, eps, ["typiclust", "random"], 4, 0,
+                       torch.Generator().manual_seed(1))
+    assert acc.shape == (5, 3, 2)
+    # One batch of picks per step, each seeing one more label than the last.
+    assert seen == [((3, 3 + t), [12 - t] * 3) for t in range(4)]
+    again = simulate(head, enc, None, eps, ["typiclust"], 4, 0, torch.Generator())
+    assert np.array_equal(again[:, :, 0], acc[:, :, 0])
 
 
 def test_simulation_refuses_bald_for_a_head_without_samples_and_too_many_labels():
