@@ -27,6 +27,8 @@ import torch
 NEIGHBOURS = 20
 #: Lloyd iterations of the k-means, at most.
 ITERATIONS = 20
+#: Rows whose distances to all others :func:`typicality` holds at once.
+ROWS = 1024
 
 
 def kmeans(x: torch.Tensor, k: int, generator: torch.Generator,
@@ -84,8 +86,10 @@ def typicality(x: torch.Tensor, neighbours: int = NEIGHBOURS) -> torch.Tensor:
     k = min(neighbours, x.shape[0] - 1)
     if k < 1:
         return torch.ones(x.shape[0], dtype=torch.float64)
-    d = torch.cdist(x.double(), x.double())
-    near = d.topk(k + 1, largest=False).values[:, 1:]  # the row itself is at distance 0
+    x = x.double()
+    # Row blocks: a pool of tens of thousands would not hold its whole distance matrix.
+    near = torch.cat([torch.cdist(rows, x).topk(k + 1, largest=False).values[:, 1:]
+                      for rows in x.split(ROWS)])  # the row itself is at distance 0
     return 1.0 / near.mean(-1).clamp(min=1e-12)
 
 
@@ -110,7 +114,7 @@ def typiclust_picks(labelled: torch.Tensor, pool: torch.Tensor, free: torch.Tens
     b, offset = labelled.shape[:2]
     x = torch.cat([labelled, pool], 1).double().cpu()  # (B, M, D)
     taken = torch.cat([torch.ones(b, offset, dtype=torch.bool), ~free], 1)  # (B, M)
-    assign = kmeans(x, offset + int((~free[0]).sum()) + 1, generator)  # (B, M)
+    assign = kmeans(x, int(taken[0].sum()) + 1, generator)  # (B, M): a cluster more than labels
     picks = torch.empty(b, dtype=torch.int64)
     for i in range(b):
         k = int(assign[i].max()) + 1

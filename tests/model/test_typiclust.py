@@ -53,6 +53,15 @@ def test_the_centre_is_the_most_typical_and_a_lone_point_counts_one():
     assert typicality(x[:1]).tolist() == [1.0]
 
 
+def test_typicality_in_row_blocks_is_that_of_the_whole_matrix(monkeypatch):
+    from model.predict import typiclust
+
+    x = torch.randn(30, 6, generator=torch.Generator().manual_seed(4))
+    whole = typicality(x, neighbours=5)
+    monkeypatch.setattr(typiclust, "ROWS", 7)
+    torch.testing.assert_close(typicality(x, neighbours=5), whole, rtol=1e-12, atol=0)
+
+
 def test_pick_takes_the_centre_of_the_unlabelled_cluster():
     x = blobs([6, 8, 5])  # blobs A, B, C
     labelled = torch.stack([x[1], x[15]])  # one sentence of A and one of C
