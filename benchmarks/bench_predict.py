@@ -46,6 +46,21 @@ def untrained_checkpoint(folder: Path, data: Path) -> Path:
     return path
 
 
+def test_support(split: Path, ways: int = 10, shots: int = 5) -> dict[str, list[dict]]:
+    """The first ``shots`` test sentences of each of the first ``ways`` test relations of a
+    split (sorted by id): the support set the prediction benchmarks set once."""
+    rows = read_parquet(split / "test.parquet", FEWSHOT_SCHEMA).to_pylist()
+    relations = sorted({r["relation"] for r in rows})[:ways]
+    return {r: [x for x in rows if x["relation"] == r][:shots] for r in relations}
+
+
+def cpu_predictor(checkpoint: Path | None, data: Path, seed: int, batch_size: int) -> Predictor:
+    """A CPU predictor of ``checkpoint``, or of :func:`untrained_checkpoint` when None."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = checkpoint or untrained_checkpoint(Path(tmp), data)
+        return Predictor.from_checkpoint(ckpt, "cpu", seed=seed, batch_size=batch_size)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--split", type=Path, default=Path("data/splits/split_0"))
@@ -58,18 +73,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    test = read_parquet(args.split / "test.parquet", FEWSHOT_SCHEMA)
-    rows = test.to_pylist()
-    relations = sorted({r["relation"] for r in rows})[:10]
-    support = {r: [x for x in rows if x["relation"] == r][:5] for r in relations}
+    support = test_support(args.split)
     used = {x["instance_id"] for s in support.values() for x in s}
     pool = [x for part in ("train", "val", "test") for x in read_parquet(
         args.split / f"{part}.parquet", FEWSHOT_SCHEMA).to_pylist() if x["instance_id"] not in used]
     queries = [parse_sentence(pool[i % len(pool)]) for i in range(args.queries)]
 
-    with tempfile.TemporaryDirectory() as tmp:
-        ckpt = args.checkpoint or untrained_checkpoint(Path(tmp), args.data)
-        predictor = Predictor.from_checkpoint(ckpt, "cpu", seed=0, batch_size=args.batch_size)
+    predictor = cpu_predictor(args.checkpoint, args.data, 0, args.batch_size)
     t0 = time.perf_counter()
     predictor.set_support(support)
     t_support = time.perf_counter() - t0

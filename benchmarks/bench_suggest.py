@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import resource
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,10 +36,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_predict import untrained_checkpoint  # noqa: E402
+from bench_predict import cpu_predictor, test_support  # noqa: E402
 
 from model.predict.active import acquisition_scores  # noqa: E402
-from model.predict.predictor import Predictor  # noqa: E402
 from model.predict.sentences import parse_sentence  # noqa: E402
 from model.predict.typiclust import typiclust_order  # noqa: E402
 from pipeline.io import read_parquet  # noqa: E402
@@ -60,7 +58,8 @@ def main() -> None:
     parser.add_argument("--pool", type=Path, default=Path("data/fewshot/train_wiki.parquet"),
                         help="pool sentences (few-shot Parquet), drawn from it in a seeded order")
     parser.add_argument("--sizes", default="1000,4000,16000",
-                        help="pool sizes, comma-separated, each at most the split's sentences")
+                        help="pool sizes, comma-separated, each a multiple of --chunk and "
+                             "at most --pool's sentences")
     parser.add_argument("--picks", type=int, default=50)
     parser.add_argument("--chunk", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -69,11 +68,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sizes = sorted(int(s) for s in args.sizes.split(","))
+    if sizes[0] < 1 or any(n % args.chunk for n in sizes):
+        sys.exit(f"error: --sizes {args.sizes}: give multiples of --chunk {args.chunk} (the "
+                 "encoding is timed at the end of each chunk)")
 
-    test = read_parquet(args.split / "test.parquet", FEWSHOT_SCHEMA)
-    rows = test.to_pylist()
-    relations = sorted({r["relation"] for r in rows})[:10]
-    support = {r: [x for x in rows if x["relation"] == r][:5] for r in relations}
+    support = test_support(args.split)
     table = read_parquet(args.pool, FEWSHOT_SCHEMA)
     if sizes[-1] > table.num_rows:
         sys.exit(f"error: --sizes {sizes[-1]} is more than the {table.num_rows} sentences of "
@@ -81,10 +80,7 @@ def main() -> None:
     drawn = np.random.default_rng(args.seed).permutation(table.num_rows)[: sizes[-1]]
     pool = [parse_sentence(x) for x in table.take(drawn).to_pylist()]  # all relations mixed
 
-    with tempfile.TemporaryDirectory() as tmp:
-        ckpt = args.checkpoint or untrained_checkpoint(Path(tmp), args.data)
-        predictor = Predictor.from_checkpoint(ckpt, "cpu", seed=args.seed,
-                                              batch_size=args.batch_size)
+    predictor = cpu_predictor(args.checkpoint, args.data, args.seed, args.batch_size)
     predictor.set_support(support)
 
     encoded, done = [], []  # chunk encodings, seconds from the start at the end of each chunk
@@ -99,7 +95,7 @@ def main() -> None:
     print(f"{'pool':>6} {'encode s':>9} {'bald s':>7} {'typiclust s':>12} "
           f"{'typiclust/encode':>17} {'peak RSS MiB':>13}")
     for n in sizes:
-        encode_s = done[(n - 1) // args.chunk] if n % args.chunk == 0 else float("nan")
+        encode_s = done[n // args.chunk - 1]
         t0 = time.perf_counter()
         acquisition_scores("bald", predictor.sample_logits(enc[:n]).double())  # (P,)
         bald_s = time.perf_counter() - t0
