@@ -1,6 +1,7 @@
 """The README is a map and the pages it links to hold together.
 
-Every relative link in README.md, ARCHITECTURE.md and docs/*.md must land on a file of the
+Every relative link in README.md, ARCHITECTURE.md, docs/*.md and the results notes
+(docs/results/*.md) must land on a file of the
 repository, and a ``#anchor`` on a heading of the page it names (GitHub's heading slugs);
 the README stays one screen of map (at most 220 lines) and no paragraph runs past 150 words.
 """
@@ -26,8 +27,8 @@ LIST_ITEM = re.compile(r"^\s*([-*+]|\d+[.)])\s")
 
 
 def pages(root: Path = ROOT) -> list[Path]:
-    """The pages whose links are checked: the README, ARCHITECTURE.md and docs/*.md."""
-    return [root / "README.md", root / "ARCHITECTURE.md", *sorted((root / "docs").glob("*.md"))]
+    """The pages whose links are checked: the README, ARCHITECTURE.md, docs/*.md and below."""
+    return [root / "README.md", root / "ARCHITECTURE.md", *sorted((root / "docs").rglob("*.md"))]
 
 
 def prose_lines(text: str) -> list[str]:
@@ -67,11 +68,11 @@ def anchors(text: str) -> set[str]:
 
 
 def links(text: str) -> list[str]:
-    """The targets of the inline links and images of a page's prose (code spans left out)."""
-    targets = []
-    for line in prose_lines(text):
-        targets += LINK.findall(CODE_SPAN.sub("", line))
-    return targets
+    """The targets of the inline links and images of a page's prose (code spans left out).
+
+    A link's text may run over lines, as wrapped prose does.
+    """
+    return LINK.findall("\n".join(CODE_SPAN.sub("", line) for line in prose_lines(text)))
 
 
 def broken_links(page: Path, root: Path = ROOT) -> list[str]:
