@@ -18,7 +18,7 @@ Strategies (``--strategy``; every score is larger for the sentences to label fir
   picks, each counted as labelled for the next, the rest by typicality. Its score is the
   number of pool sentences ranked after it. It reads the encodings only, so every checkpoint
   can use it; in the labelling simulation it beat random labels and ``bald`` on NYT-25 and
-  SemEval (docs/results.md, "Ask: which sentence to label next");
+  SemEval (docs/results/abstain-and-ask.md, "Ask: which sentence to label next");
 * ``random``: a random order from ``--seed``, the floor the others should beat.
 
 The output has one row per readable pool sentence, in rank order: ``rank`` (1 = label

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# REGRAB ablations (docs/results.md#ablations): one regrab model per split for each variant,
+# REGRAB ablations (docs/results/ablations.md): one regrab model per split for each variant,
 # evaluated on the same episodes as the main run. Writes OUT_DIR/<variant>/. GPU preset by default;
 # PRESET=none runs them on the CPU default.
 #   ENCODER=.enc/minilm OUT_DIR=/tmp/abl bash scripts/ablations.sh [variant ...]

@@ -163,13 +163,15 @@ def test_the_checker_finds_broken_links(tmp_path):
         "```\n[fenced](missing.md)\n```\n\n"
         "## Here\n\n"
         "[gone](docs/missing.md) [bad anchor](docs/b.md#part-two) [self](#nowhere)\n"
-        "[png anchor](img.png#top) [out](../elsewhere.md)\n")
+        "[png anchor](img.png#top) [out](../elsewhere.md)\n"
+        "[a link wrapped\nover lines](docs/b.md#part-three)\n")
     assert broken_links(page, tmp_path) == [
         "docs/missing.md: no such file",
         "docs/b.md#part-two: no heading #part-two in b.md",
         "#nowhere: no heading #nowhere in README.md",
         "img.png#top: no heading #top in img.png",
         "../elsewhere.md: outside the repository",
+        "docs/b.md#part-three: no heading #part-three in b.md",
     ]
 
 

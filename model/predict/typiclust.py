@@ -11,8 +11,9 @@ distance to its nearest neighbours in the cluster (at most :data:`NEIGHBOURS`).
 It reads the encodings alone: neither the labels nor the model's predictions, so a pick does
 not depend on which relation the user gives the sentences labelled before it, and a ranking
 of a whole pool is the sequence of picks with each pick counted as labelled
-(:func:`typiclust_order`). In the labelling simulation (docs/results.md, "Ask: which
-sentence to label next") it beat random labelling where the uncertainty strategies did not.
+(:func:`typiclust_order`). In the labelling simulation (docs/results/abstain-and-ask.md,
+"Ask: which sentence to label next") it beat random labelling where the uncertainty
+strategies did not.
 
 Shapes:
     L labelled sentences, P pool sentences, M = L + P, D encoding size.

@@ -232,7 +232,7 @@ class GraphPrior(nn.Module):
         gain at 1, by setting the last GCN layer's bias.
 
         (A gain fitted by least squares on the training relations' mean encodings did worse
-        on the tuning relations: docs/results.md#tuning-relations.)
+        on the tuning relations: docs/results/findings.md#tuning-relations.)
 
         Shapes:
             mean: (D,)
