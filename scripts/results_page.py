@@ -1,11 +1,9 @@
 """Write the headline of docs/results.md from the committed metrics tables.
 
-The page's generated blocks sit between ``<!-- begin generated: NAME ... -->`` and
-``<!-- end generated: NAME -->``; each is rendered from the report tables the pipeline
-writes (``metrics/nyt25.md``, ``metrics/fewrel.md``, ``metrics/transfer.md``,
-``metrics/active_labelling.md``), so after a rerun of the pipeline this script brings the
-page level with the run. The rest of the page, and the dated notes in ``docs/results/``,
-are written by hand.
+Each block between ``<!-- begin generated: NAME ... -->`` and ``<!-- end generated: NAME -->``
+is rendered from the report tables the pipeline writes (``SOURCES`` in ``metrics/``), so after
+a rerun of the pipeline this script brings the page level with the run. The rest of the page,
+and the dated notes in ``docs/results/``, are written by hand.
 
 The ``run`` block says which run made the metrics. It records a digest of the tables it
 speaks for: when they change, the script refuses to keep the old words and asks for new ones
@@ -42,7 +40,7 @@ SOURCES = ("nyt25.md", "fewrel.md", "transfer.md", "active_labelling.md")
 SETTINGS = ("5w1s", "5w5s", "10w1s", "10w5s", "5w0s", "10w0s")
 PAIRED = ("5w1s", "5w5s")
 DASH = "–"
-#: The run block's prose is wrapped to this many columns, as the hand-written pages are.
+#: Generated prose is wrapped to this many columns, as the hand-written pages are.
 WIDTH = 95
 BEGIN = re.compile(r"^<!-- begin generated: (\w+)\b.*-->$")
 DIGEST = re.compile(r"^<!-- metrics sha256: (.*) -->$")
@@ -135,23 +133,23 @@ def bold_best(rows: list[list[str]], columns: range) -> list[list[str]]:
     return rows
 
 
-def markdown(header: list[str], rows: list[list[str]], align: str = "---:") -> str:
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join(["---"] + [align] * (len(header) - 1)) + "|"]
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def load(metrics: Path, name: str) -> list[Table]:
+def source(metrics: Path, name: str) -> str:
+    """The text of ``metrics/<name>``, refused in one line when the pipeline has not run."""
     path = metrics / name
     if not path.is_file():
         raise PageError(f"{path} not found; run the pipeline (dvc repro) first, or give "
                         "--metrics the folder that holds it")
-    return read_tables(path.read_text())
+    return path.read_text()
 
 
 def sizes(metrics: Path, name: str) -> dict[str, str]:
     """``{method: "5 x 1000"}``: splits x episodes per setting and split, from the notes."""
-    text = (metrics / name).read_text()
+    text = source(metrics, name)
     found = re.search(r"of (\d+) split\(s\), (\d+) episodes per setting", text)
     if not found:
         raise PageError(f"{metrics / name} does not say its splits and episodes "
@@ -164,7 +162,7 @@ def sizes(metrics: Path, name: str) -> dict[str, str]:
 
 def accuracy_block(metrics: Path, name: str) -> str:
     """The balanced settings of every method, splits x episodes, REGRAB minus it, paired."""
-    tables = load(metrics, name)
+    tables = read_tables(source(metrics, name))
     acc = find(tables, "Accuracy %", source=name)
     paired = find(tables, "Paired difference vs regrab", source=name)
     size = sizes(metrics, name)
@@ -190,7 +188,7 @@ def support_block(metrics: Path) -> str:
     """Unequal and mislabelled support sets, REGRAB and every method, on both benchmarks."""
     parts = []
     for name, title in (("nyt25.md", "NYT-25"), ("fewrel.md", "FewRel")):
-        tables = load(metrics, name)
+        tables = read_tables(source(metrics, name))
         acc = find(tables, "Accuracy %", source=name)
         gain = find(tables, "5w1-5s minus 5w1-5s_cut1", source=name)
         share = find(tables, "Step protocol of 5w1-5s", source=name)
@@ -216,7 +214,7 @@ def abstain_block(metrics: Path) -> str:
     """Out-of-set detection AUROC on both benchmarks (each method's best score)."""
     parts = []
     for name, title in (("nyt25.md", "NYT-25"), ("fewrel.md", "FewRel")):
-        det = find(load(metrics, name), "Out-of-set detection", source=name)
+        det = find(read_tables(source(metrics, name)), "Out-of-set detection", source=name)
         columns = list(det.header[2:])
         rows = []
         for method in dict.fromkeys(r[0] for r in det.rows):
@@ -232,7 +230,7 @@ def abstain_block(metrics: Path) -> str:
 
 def transfer_block(metrics: Path) -> str:
     """SemEval with true names, both benchmarks' checkpoints; names shuffled, paired."""
-    tables, parts = load(metrics, "transfer.md"), []
+    tables, parts = read_tables(source(metrics, "transfer.md")), []
     for checkpoints in ("nyt25", "fewrel"):
         section = f"semeval, {checkpoints} checkpoints"
         acc = find(tables, "Accuracy %", section, "transfer.md")
@@ -258,8 +256,7 @@ def transfer_block(metrics: Path) -> str:
 
 def labelling_block(metrics: Path) -> str:
     """The labelling curves' tables and their bars, as the stage wrote them."""
-    load(metrics, "active_labelling.md")  # refuses a missing file
-    text = (metrics / "active_labelling.md").read_text().strip()
+    text = source(metrics, "active_labelling.md").strip()
     if "\n## " not in text:
         raise PageError("active_labelling.md has no '## ' sections; rerun the pipeline")
     text = re.sub(r"^## (.*)$", r"**\1**", text, flags=re.MULTILINE)
@@ -279,11 +276,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
 
 def digest(metrics: Path) -> str:
     """``nyt25.md 0123456789ab, ...``: the first 12 hex digits of each source's sha256."""
-    missing = [n for n in SOURCES if not (metrics / n).is_file()]
-    if missing:
-        raise PageError(f"{metrics / missing[0]} not found; run the pipeline (dvc repro) "
-                        "first, or give --metrics the folder that holds it")
-    return ", ".join(f"{n} {hashlib.sha256((metrics / n).read_bytes()).hexdigest()[:12]}"
+    return ", ".join(f"{n} {hashlib.sha256(source(metrics, n).encode()).hexdigest()[:12]}"
                      for n in SOURCES)
 
 
@@ -315,9 +308,24 @@ def run_block(metrics: Path, old: str, run: str | None) -> str:
             raise PageError("the metrics changed since the page said which run made them; "
                             "rerun with --run 'when, where and how the pipeline ran'")
         run = "\n".join(lines[1:])
-    text = textwrap.fill(" ".join(run.split()), WIDTH, break_long_words=False,
-                         break_on_hyphens=False)
-    return f"<!-- metrics sha256: {now} -->\n\n{text}"
+    return f"<!-- metrics sha256: {now} -->\n\n{' '.join(run.split())}"
+
+
+def wrap(text: str) -> str:
+    """Prose paragraphs filled to ``WIDTH`` columns; tables and comments as they are."""
+    return "\n\n".join(
+        p if p.startswith(("|", "<!--")) else textwrap.fill(
+            " ".join(p.split()), WIDTH, break_long_words=False, break_on_hyphens=False)
+        for p in text.split("\n\n"))
+
+
+def block(name: str, metrics: Path, old: str, run: str | None = None) -> str:
+    """One block's text: the run's words, or the tables of ``metrics`` it shows."""
+    if name == "run":
+        return wrap(run_block(metrics, old, run))
+    if name not in BLOCKS:
+        raise PageError(f"unknown generated block {name}; known: run, {', '.join(BLOCKS)}")
+    return wrap(BLOCKS[name](metrics))
 
 
 def render(page: str, metrics: Path = METRICS, run: str | None = None) -> str:
@@ -329,13 +337,7 @@ def render(page: str, metrics: Path = METRICS, run: str | None = None) -> str:
                         f"'<!-- begin generated: NAME -->' and '<!-- end generated: NAME -->'")
     out, last = [], 0
     for name, (start, end) in sorted(spans.items(), key=lambda kv: kv[1]):
-        old = "\n".join(lines[start:end])
-        if name == "run":
-            body = run_block(metrics, old, run)
-        elif name in BLOCKS:
-            body = BLOCKS[name](metrics)
-        else:
-            raise PageError(f"unknown generated block {name}; known: run, {', '.join(BLOCKS)}")
+        body = block(name, metrics, "\n".join(lines[start:end]), run)
         out += lines[last:start] + ["", body, ""]
         last = end
     out += lines[last:]
@@ -348,7 +350,7 @@ def stale(page: str, metrics: Path = METRICS) -> list[str]:
     for name, (start, end) in spans.items():
         old = "\n".join(lines[start:end]).strip()
         try:
-            new = run_block(metrics, old, None) if name == "run" else BLOCKS[name](metrics)
+            new = block(name, metrics, old)
         except PageError:
             if name != "run":
                 raise
