@@ -30,8 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     moved = sorted(k for k, v in resolved.items() if before.get(k) != v)
     write_sources(resolved, out)
     followed = sum(v.source != "pinned" for v in resolved.values())
-    print(f"resolved {len(resolved)} files ({followed} followed) into {out}; "
-          + (f"changed since the last check: {', '.join(moved)}" if moved else "none changed"))
+    change = (f"changed since the last check: {', '.join(moved)}" if before and moved
+              else "none changed" if before else "no earlier check to compare with")
+    print(f"resolved {len(resolved)} files ({followed} followed) into {out}; {change}")
 
 
 if __name__ == "__main__":
