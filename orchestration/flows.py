@@ -67,9 +67,9 @@ __all__ = ["StageError", "check_cluster", "plan_stages", "retrain", "validate_ov
 
 #: Prefect flow name; the deployment is ``regrab-retrain/scheduled``.
 FLOW_NAME = "regrab-retrain"
-#: Stages that download data: the only ones retried (a network blip is worth a retry,
-#: a bug in a training stage is not).
-NETWORK_STAGES = frozenset({"fetch"})
+#: Stages that touch the network (HEAD requests, downloads): the only ones retried (a network
+#: blip is worth a retry, a bug in a training stage is not).
+NETWORK_STAGES = frozenset({"check_sources", "fetch"})
 NETWORK_RETRIES = 2
 #: Seconds between retries of a network stage.
 NETWORK_RETRY_DELAY_S = 60.0

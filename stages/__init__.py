@@ -13,7 +13,7 @@ from pipeline.sections import declare_sections
 #: ``register_section`` in the module of its dataclass plus one line here.
 SECTION_OWNERS = {
     "benchmarks": "pipeline.config",
-    "fetch": "stages.fetch",
+    "fetch": "pipeline.sources",
     "prepare_fewshot": "stages.prepare_fewshot",
     "split_nyt": "stages.split_nyt",
     "split_fewrel": "stages.split_fewrel",

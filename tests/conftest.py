@@ -10,6 +10,15 @@ import pytest
 from pipeline.config import merged
 
 
+@pytest.fixture
+def upstream():
+    """A local HTTP upstream (:mod:`tests.upstream`); tests change what it serves."""
+    from tests.upstream import serve
+
+    with serve() as state:
+        yield state
+
+
 @pytest.fixture(scope="session")
 def mirror() -> Path:
     """The data mirror folder; tests that need it skip when the variable is unset."""

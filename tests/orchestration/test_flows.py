@@ -187,8 +187,9 @@ def test_cli_errors_for_a_folder_that_is_no_project(tiny_repo: Path, tmp_path: P
     assert line.startswith(f"error: {no_git.resolve()} is not a git repository")
 
 
-def test_only_the_network_stage_retries():
+def test_only_the_network_stages_retry():
     assert stage_task("fetch").retries == 2
+    assert stage_task("check_sources").retries == 2  # HEAD requests and checksum lists
     assert stage_task("train").retries == 0
     assert stage_task("evaluate").retries == 0
 

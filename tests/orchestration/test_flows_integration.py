@@ -235,7 +235,8 @@ def test_flow_runs_from_a_fresh_clone(tmp_path: Path, mirror: Path):
                 tasks = client.read_task_runs()
     assert run.state.is_completed(), run.state
     stage_runs = {t.name: t for t in tasks if not t.name.startswith("publish-metrics")}
-    assert set(stage_runs) == {"check_params", "fetch", "prepare_fewshot", "split_nyt"}
+    assert set(stage_runs) == {"check_params", "check_sources", "fetch", "prepare_fewshot",
+                               "split_nyt"}
     assert all(t.state.is_completed() for t in tasks)
     assert sorted(p.name for p in (clone / "data" / "splits").iterdir())
     # DVC recorded what the flow ran: nothing up to split_nyt is left to reproduce.

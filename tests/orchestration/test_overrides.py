@@ -107,3 +107,71 @@ def test_write_params_refuses_unknown_keys_and_sets_without_a_value(tmp_path: Pa
         write_params(tmp_path / "out.yaml", base, [], ["train.steps"])
     write_params(base, base, [], ["train.steps=4"])  # in place
     assert yaml.safe_load(base.read_text()) == {"train": {"steps": 4}}
+
+
+#: A fetch key under a file whose path has dots and slashes: its id has neither.
+SHA = "fetch.files.wd50k_train.sha256"
+FOLLOW = "fetch.files.wd50k_train.follow"
+
+
+def test_fetch_keys_are_overridden_like_any_key(tmp_path: Path) -> None:
+    """The key the checksum-mismatch message names is accepted; a follow rule with the pin
+    still set is refused; the old path-named key is not a key."""
+    out = tmp_path / "params.yaml"
+    write_params(out, Path("params.yaml"), [], [f"{SHA}=null", f"{FOLLOW}=headers"])
+    written = yaml.safe_load(out.read_text())["fetch"]["files"]["wd50k_train"]
+    assert written["sha256"] is None and written["follow"] == "headers"
+    assert written["path"] == "wikidata/triples/wd50k-train.csv"
+    write_params(None, Path("params.yaml"), [], [f"{SHA}=null"])
+    with pytest.raises(PipelineError, match=r"-S fetch.files.wd50k_train.follow=headers: .*"
+                                            r"pins sha256 too; set sha256: null"):
+        write_params(None, Path("params.yaml"), [], [f"{FOLLOW}=headers"])
+    with pytest.raises(PipelineError, match="is not a key of params.yaml"):
+        write_params(None, Path("params.yaml"), [],
+                     ["fetch.files.wikidata/triples/wd50k-train.csv.sha256=null"])
+
+
+def test_fetch_keys_read_as_dvc_exp_run_set_param_applies_them(tmp_path: Path) -> None:
+    """DVC's own -S code (``dvc.utils.hydra.apply_overrides``) sets the same values."""
+    from dvc.utils.hydra import apply_overrides
+
+    sets = [f"{SHA}=null", f"{FOLLOW}=https://dumps.example.org/20261201/sha1sums.txt"]
+    ours = tmp_path / "ours.yaml"
+    write_params(ours, Path("params.yaml"), [], sets)
+    shutil.copy("params.yaml", tmp_path / "dvc.yaml")
+    apply_overrides(str(tmp_path / "dvc.yaml"), sets)
+    theirs = yaml.safe_load((tmp_path / "dvc.yaml").read_text())["fetch"]
+    assert theirs == yaml.safe_load(ours.read_text())["fetch"]
+
+
+@pytest.mark.slow
+def test_dvc_exp_run_takes_a_fetch_key(tmp_path: Path) -> None:
+    """A real ``dvc exp run --dry -S fetch.files.<id>.sha256=null`` in a scratch repository
+    (the tracked files, no data): DVC accepts the key, and refuses the path-named one."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    for name in listed:
+        if (ROOT / name).is_file() and not name.startswith("data/"):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / name, tmp_path / name)
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t",
+           "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "x"]):
+        subprocess.run(cmd, cwd=tmp_path, check=True, env=env)
+
+    def exp_run(*sets: str) -> subprocess.CompletedProcess:
+        args = [a for s in sets for a in ("-S", s)]
+        return subprocess.run([sys.executable, "-m", "dvc", "exp", "run", "--dry", *args,
+                               "check_params"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    done = exp_run(f"{SHA}=null", f"{FOLLOW}=headers")
+    assert done.returncode == 0, done.stderr
+    bad = exp_run("fetch.files.wikidata/triples/wd50k-train.csv.sha256=null")
+    assert bad.returncode != 0 and "mismatched input '/'" in bad.stdout + bad.stderr
