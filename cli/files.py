@@ -18,7 +18,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from cli.text import lone_surrogate
-from model.predict.predictor import OTHER_SCORES
+from model.predict.abstain import OTHER_COLUMNS
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, check_writable
 
@@ -140,7 +140,7 @@ def write_predictions(rows: list[dict[str, Any]], relations: list[str],
         pa.field("abstain_score", pa.float64()),
         pa.field("entropy", pa.float64(), nullable=False),
         pa.field("mutual_information", pa.float64(), nullable=False),
-        *(pa.field(k, pa.float64()) for k in OTHER_SCORES),
+        *(pa.field(k, pa.float64()) for k in OTHER_COLUMNS),
         pa.field("probabilities",
                  pa.struct([pa.field(r, pa.float64()) for r in relations]), nullable=False),
         pa.field("gold", pa.string()),

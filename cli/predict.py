@@ -14,13 +14,13 @@ FewRel record (``tokens``, ``h``, ``t``) or FEWSHOT_SCHEMA columns; a ``.txt`` q
 one marked sentence per line. Queries may carry ``id`` and a gold ``relation`` (then the
 accuracy is printed). The output has one row per query: ``prediction`` (null when abstaining),
 ``best``, ``confidence``, ``abstain``, ``abstain_score``, ``entropy``, ``mutual_information``,
-the other uncertainty scores (null where they do not apply) and ``probabilities``.
+the other uncertainty scores (null where they do not apply; ``top_prob``, ``top_gap``,
+``top_logit``: larger when surer) and ``probabilities``.
 
-A query abstains when its abstain score is above the (1 - ``--abstain-rate``) quantile of that
-score on in-set queries of the checkpoint's validation relations (never test ones), kept in
-the checkpoint at training, in the stored setting closest to the support; ``--threshold P``
-abstains below top probability P instead. A checkpoint of an older version keeps no such
-quantiles and abstains only with ``--threshold``.
+A query abstains when its abstain score is past the quantile that leaves ``--abstain-rate`` of
+in-set queries of the checkpoint's validation relations beyond it, stored at training per
+setting, read for the support's ways and shots; ``--threshold P`` abstains below top
+probability P instead (the only way for a checkpoint of an older version, with no quantiles).
 
 Support sentences get suspicion scores, flagged above a validation cutoff (``--support-scores``).
 
@@ -54,8 +54,8 @@ from cli.files import (
 from cli.guard import refuse_same, run_command
 from cli.limits import add_run_options, check_run_options, check_support_cost
 from cli.text import lone_surrogate, shown
-from model.evaluation.uncertainty import POSTERIOR_SCORES, SCORES
-from model.predict.abstain import DEFAULT_RATE
+from model.evaluation.uncertainty import POSTERIOR_SCORES
+from model.predict.abstain import DEFAULT_RATE, SCORE_NAMES
 from model.predict.predictor import NonFinite, Predictor
 from model.predict.sentences import Sentence, has_sentence, parse_sentence
 from pipeline.config import select_device, set_threads
@@ -286,16 +286,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=".jsonl or .parquet; a file, never --queries, --support or --relations "
                         "(checked before any work)")
     p.add_argument("--abstain-rate", type=float, default=None, metavar="R",
-                   help="abstain on a query when its abstain score is above the (1 - R) "
-                        "quantile of that score on in-set queries of the checkpoint's "
-                        "validation relations (never test relations), so about R of "
+                   help="abstain on a query when its abstain score is past the quantile "
+                        "that leaves R of in-set queries of the checkpoint's validation "
+                        "relations (never test relations) beyond it, so about R of "
                         "validation-like queries abstain; the quantiles come from the stored "
-                        "setting closest to your support (ways, smallest shots). 0: never. "
+                        "settings, read for your support's ways and shots. 0: never. "
                         f"Default {DEFAULT_RATE}; a checkpoint of an older version stores no "
                         "quantiles and then never abstains")
-    p.add_argument("--abstain-score", choices=SCORES, default=None, metavar="NAME",
+    p.add_argument("--abstain-score", choices=SCORE_NAMES, default=None, metavar="NAME",
                    help="the uncertainty score to abstain by, one of the checkpoint's: "
-                        f"{', '.join(SCORES)} ({', '.join(POSTERIOR_SCORES)} need posterior "
+                        f"{', '.join(SCORE_NAMES)} ({', '.join(POSTERIOR_SCORES)} need posterior "
                         "samples, as regrab's; default: the one that best told other "
                         "relations' queries from in-set ones on validation episodes)")
     p.add_argument("--threshold", type=float, default=None, metavar="P",
@@ -375,7 +375,7 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
     if len(skipped) > SHOWN_SKIPS:
         print(f"  ... and {len(skipped) - SHOWN_SKIPS} more skipped")
     result = {"predicted": len(rows), "skipped": len(skipped), "abstained": abstained,
-              "abstain_score": rule.score, "abstain_cutoff": rule.cutoff,
+              "abstain_score": rule.written, "abstain_cutoff": rule.written_cutoff,
               "abstain_setting": None if rule.setting is None else rule.setting.name,
               "priors": summary.priors, "texts": summary.texts,
               "text_counts": summary.text_counts, "support_flagged": check.count,

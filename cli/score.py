@@ -24,14 +24,19 @@ descriptions after them. A relation the file lacks keeps its key's name and no d
 the output says how many. Per method, the output counts the ways whose prior read a name and
 description, a name only, or no text.
 
+``--settings`` also takes the unequal settings ``evaluate`` reports (``5w1-5s``: 5 ways of 1 to
+5 shots each), scored as ``evaluate.unequal_settings`` are, with their ``_cut1`` and ``_step``
+episode sets (``evaluate.unequal_episodes`` episodes each, or ``--episodes``).
+
 Usage:
     regrab-score --data ../shared/data/fewrel/val_nyt.json --models models/fewrel \
-        --out metrics/own [--settings 5w1s,5w5s] [--episodes 1000] [--methods regrab,proto]
+        --out metrics/own [--settings 5w1s,5w5s,5w1-5s] [--episodes 1000] [--methods regrab]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -44,6 +49,7 @@ from cli.limits import check_episodes, check_stored_chains, check_threads
 from cli.predict import read_relation_texts
 from cli.text import lone_surrogate, shown
 from model.episodes import Setting
+from model.evaluation import shots
 from model.evaluation.splits import EvalConfig
 from model.evaluation.transfer import score_table, stored_models
 from model.methods import registry
@@ -58,12 +64,35 @@ log = logging.getLogger(__name__)
 
 
 def parse_settings(text: str) -> list[Setting]:
-    """``--settings``: N-way K-shot settings of at least 2 ways each."""
+    """``--settings``: its N-way K-shot settings of at least 2 ways each (its unequal ones,
+    ``5w1-5s``, are :func:`parse_unequal`'s)."""
     names = comma_list(text, "--settings", "5w1s,5w5s")
     try:
-        return [Setting.parse(s) for s in names]
+        found = [Setting.parse(s) for s in names if "-" not in s]
+    except PipelineError as exc:
+        raise PipelineError(f"--settings {exc}, or like 5w1-5s (N ways of 1 to 5 shots "
+                            "each)") from None
+    if not found and parse_unequal(text):  # a malformed unequal one is said first
+        raise PipelineError(f"--settings {text!r} has no N-way K-shot setting; unequal ones "
+                            "are scored beside one, as evaluate scores them: add one, e.g. "
+                            f"5w1s,{text}")
+    return found
+
+
+def parse_unequal(text: str) -> list[shots.UnequalSetting]:
+    """``--settings``' unequal settings, ``{N}w{a}-{b}s`` as ``evaluate.unequal_settings``
+    reads them (:class:`~model.evaluation.shots.UnequalSetting`)."""
+    try:
+        return list(dict.fromkeys(shots.UnequalSetting.parse(s) for s in
+                                  comma_list(text, "--settings", "5w1s,5w5s") if "-" in s))
     except PipelineError as exc:
         raise PipelineError(f"--settings {exc}") from None
+
+
+def bounds(unequal: list[shots.UnequalSetting]) -> list[Setting]:
+    """An N-way K-shot stand-in at the most shots for each of the three episode sets of every
+    unequal setting, for the memory and chain-time bounds."""
+    return [Setting(u.ways, u.high) for u in unequal for _ in u.names()]
 
 
 def comma_list(text: str, flag: str, example: str) -> list[str]:
@@ -154,10 +183,12 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
         check_writable(path)
         refuse_same(path, "output", {"--data": args.data, "--params": args.params,
                                      "--relations": args.relations})
-    settings = parse_settings(args.settings)
+    settings, unequal = parse_settings(args.settings), parse_unequal(args.settings)
     wanted = None if args.methods is None else comma_list(args.methods, "--methods",
                                                           "regrab,proto")
     base = load_section(EvalConfig, "evaluate", args.params)
+    base = dataclasses.replace(base, unequal_settings=tuple(u.name for u in unequal),
+                               unequal_episodes=args.episodes or base.unequal_episodes)
     texts = {} if args.relations is None else read_relation_texts(args.relations)
     data = load_json(args.data, fix=(
         "give --data a FewRel-format JSON file: {relation: [{tokens, h, t}, ...]}"))
@@ -167,14 +198,14 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     descriptions = {k: texts[k][1] for k in keys if k in texts and texts[k][1]}
     # Before anything is drawn: every setting's episodes are held at once.
     check_episodes(args.episodes or base.episodes, episode_bytes(
-        len(parsed["instances_per_relation"]), settings, base.queries,
+        len(parsed["instances_per_relation"]), settings + bounds(unequal), base.queries,
         len(wanted or registry.names()) + 1),
         "--episodes" if args.episodes else f"{args.params} evaluate.episodes")
     check_threads(base.threads, f"{args.params} evaluate.threads")
     # Before any model is loaded: a checkpoint with 10^9 Langevin steps must not start.
     stored = stored_models(args.models, wanted or registry.names())
-    check_stored_chains([f for paths in stored.values() for f in paths.values()], settings,
-                        args.episodes or base.episodes)
+    check_stored_chains([f for paths in stored.values() for f in paths.values()],
+                        settings + bounds(unequal), args.episodes or base.episodes)
     set_threads(base.threads)
     device = select_device(base.device, f"{args.params} evaluate.device")
     with torch.no_grad():
@@ -182,7 +213,8 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
             args.data.name, table, args.models, base, settings, device,
             methods=wanted,
             episodes=args.episodes, keep_trained=args.keep_trained,
-            listed=parsed["instances_per_relation"], descriptions=descriptions)
+            listed=parsed["instances_per_relation"], descriptions=descriptions,
+            unequal=bool(unequal))
     summary, cfg, methods = result["summary"], result["cfg"], result["methods"]
     relations = summary["relations"]
     usable, needed = len(relations["relations_scored"]), result["needed"]
@@ -212,6 +244,11 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     if named is not None:
         summary["relations"]["texts"] = named
     metrics = report.headline_metrics(summary, args.data.stem, tuple(methods))
+    if shots.headline(summary["shots"]):
+        metrics["shots"] = shots.headline(summary["shots"])
+    dropped = [u.name for u in unequal if u.name not in cfg.unequal_settings]
+    if dropped:
+        print(f"not scored: {', '.join(dropped)} (more ways than the {usable} usable relations)")
     note = (f"{args.data.name}: {usable} relations, {cfg.episodes} episodes per setting and "
             f"checkpoint split, {cfg.queries} queries per way; models from {args.models}. "
             f"Relations trained on: {relations['trained_on'] or 'none'}"
@@ -223,7 +260,10 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
             + "".join(f" {m} ways whose prior read "
                       + ", ".join(f"{k} {c.get(k, 0)}" for k in TEXT_KINDS) + "."
                       for m, c in summary["priors"].items()))
-    text = report.markdown_report(summary, [s.name for s in settings], note)
+    names = [s.name for s in settings] + [n for u in cfg.unequal_settings
+                                          for n in shots.UnequalSetting.parse(u).names()]
+    text = report.markdown_report(summary, names, note) + "\n".join(
+        shots.markdown(summary["shots"])) + "\n"
     with atomic_paths(*outputs) as (metrics_tmp, report_tmp, table_tmp):  # all or none
         report.write_json_ordered(metrics, metrics_tmp)
         report.write_json_ordered(summary, report_tmp)

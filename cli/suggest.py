@@ -5,7 +5,8 @@ reads) and a pool of unlabelled sentences (``--pool``, any file ``regrab-predict
 queries). The model fits its posterior to the support and ranks the pool by a strategy, the
 sentence to label first on top: label it, add it to the support, run again.
 
-Strategies (``--strategy``; every score is larger for the sentences to label first):
+Strategies (``--strategy``; ``rank`` 1 is labelled first, and each score but typiclust's is
+larger for the sentences to label first):
 
 * ``bald`` (needs a checkpoint with posterior samples, i.e. regrab): the mutual
   information between the sentence's relation and the prototypes, in nats: the sentences the
@@ -16,10 +17,13 @@ Strategies (``--strategy``; every score is larger for the sentences to label fir
 * ``typiclust`` (the default): the most typical sentence of the largest cluster of encodings
   (support and pool) that holds no labelled sentence; the first ``--picks`` by repeated
   picks, each counted as labelled for the next, the rest by typicality. Its score is the
-  number of pool sentences ranked after it. It reads the encodings only, so every checkpoint
-  can use it; in the labelling simulation it beat random labels and ``bald`` on NYT-25 and
-  SemEval (docs/results/abstain-and-ask.md, "Ask: which sentence to label next");
-* ``random``: a random order from ``--seed``, the floor the others should beat.
+  sentence's typicality in the pool (the inverse of its mean Euclidean distance to its 20
+  nearest pool sentences; the picks need not come in its order). It reads the encodings
+  only, so every checkpoint can use it; in the labelling simulation it beat random labels
+  and ``bald`` on NYT-25 and SemEval (docs/results/abstain-and-ask.md, "Ask: which sentence
+  to label next");
+* ``random``: a random order from ``--seed`` (score: a uniform draw in [0, 1)), the floor the
+  others should beat.
 
 The output has one row per readable pool sentence, in rank order: ``rank`` (1 = label
 first), ``line`` (its line or row in ``--pool``), ``id`` and ``text`` as given (text with
@@ -40,7 +44,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import torch
 from tqdm import tqdm
@@ -60,7 +63,7 @@ from model.predict.active import (
 )
 from model.predict.config import STRATEGIES
 from model.predict.predictor import NonFinite, Predictor
-from model.predict.typiclust import typiclust_order
+from model.predict.typiclust import typiclust_ranking
 from pipeline.errors import PipelineError
 
 OUTPUT_FORMATS = (".jsonl", ".csv", ".parquet")
@@ -172,18 +175,17 @@ def suggest(argv: list[str] | None = None) -> dict[str, Any]:
         top = probs.max(-1)
         best += [summary.relations[i] for i in top.indices.tolist()]
         prob += top.values.tolist()
-    if strategy == "typiclust":
-        order = typiclust_order(predictor.support_encodings, torch.cat(encodings),
-                                torch.Generator().manual_seed(args.seed), args.picks)
-        score = np.empty(len(pool))
-        score[order] = np.arange(len(pool) - 1, -1, -1, dtype=np.float64)
+    if strategy == "typiclust":  # ranked by picks; its score is the typicality
+        order, score = typiclust_ranking(predictor.support_encodings, torch.cat(encodings),
+                                         torch.Generator().manual_seed(args.seed), args.picks)
     else:
         score = (random_scores((len(pool),), torch.Generator().manual_seed(args.seed))
                  if strategy == "random" else torch.cat(scores)).cpu().numpy()
+        order = ranking(score)
     rows = [{"rank": rank, "line": pool[i]["line"], "id": pool[i]["id"],
              "text": pool[i]["sentence"].marked(), "score": float(score[i]), "best": best[i],
              "probability": float(prob[i])}
-            for rank, i in enumerate(ranking(score).tolist(), start=1)]
+            for rank, i in enumerate(order.tolist(), start=1)]
     write_ranked(rows, args.out)
     first = rows[0]
     named = f" (id {first['id']})" if first["id"] is not None else ""

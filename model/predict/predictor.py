@@ -8,9 +8,11 @@
 (:func:`model.evaluation.uncertainty.uncertainty_scores`: the point scores such as
 ``max_prob`` and ``entropy`` for every head, ``mutual_information`` and the other posterior
 scores for heads that sample, such as REGRAB's, and the ``_ts`` scores with the checkpoint's
-validation temperature). A query abstains ("none of these") by the rule of
-:mod:`model.predict.abstain`: above a cutoff read from the checkpoint's validation relations,
-5% of validation-like queries by default, or below an explicit top-probability threshold.
+validation temperature), larger when less sure; its records write each as what its name says
+(``max_prob`` as ``top_prob``, the top probability). A query abstains ("none of these") by
+the rule of :mod:`model.predict.abstain`: past a cutoff read from the checkpoint's validation
+relations for the support's ways and shots, 5% of validation-like queries by default, or
+below an explicit top-probability threshold.
 
 Sentences are :class:`~model.predict.sentences.Sentence` objects or what
 :func:`~model.predict.sentences.parse_sentence` reads (marked text, FewRel records, split columns).
@@ -42,13 +44,13 @@ import numpy as np
 import torch
 
 from model.encoder.frozen_cache import encode_all
-from model.evaluation.uncertainty import SCORES, mc_log_probs, uncertainty_scores
+from model.evaluation.uncertainty import mc_log_probs, uncertainty_scores
 from model.files.loader import load_model
 from model.files.score_quantiles import ScoreQuantiles
 from model.files.suspicion_cutoff import SuspicionCutoff
 from model.methods.base import FewShotModel
 from model.posterior.shots import head_logits, padded_support
-from model.predict.abstain import AbstainRule, check_request, make_rule
+from model.predict.abstain import AbstainRule, check_request, make_rule, written_scores
 from model.predict.sentences import parse_sentence, sentences_table
 from model.predict.summary import SupportSummary, unread_descriptions
 from model.predict.support_check import SupportCheck, check_support
@@ -96,11 +98,6 @@ def refuse_non_finite(tensors: Mapping[str, torch.Tensor]) -> None:
             f"{len(bad)} weight tensors hold NaN or inf (first: {', '.join(bad[:3])}): the "
             "training diverged or the file is damaged; retrain it (e.g. with a lower learning "
             "rate) or use an earlier checkpoint")
-
-
-#: Uncertainty scores written beside ``entropy`` and ``mutual_information`` (null where they
-#: do not apply).
-OTHER_SCORES = tuple(k for k in SCORES if k not in ("entropy", "mutual_information"))
 
 
 @dataclass
@@ -158,14 +155,13 @@ class Predictions:
         return [None if a else b for a, b in zip(self.abstain, self.best, strict=True)]
 
     def records(self) -> list[dict[str, Any]]:
-        """One plain dict per query (JSON-ready; a score that does not apply is None)."""
-        own, ent, mi = self.abstain_score, self.entropy, self.mutual_information
-        cols = {k: self.scores.get(k, [None] * len(self)) for k in OTHER_SCORES}
+        """One plain dict per query (JSON-ready; a score that does not apply is None), each
+        score written as what its name says (``top_prob``: the top probability,
+        :func:`~model.predict.abstain.written_scores`)."""
+        scores = written_scores(self.scores, self.rule, len(self))
         return [
             {"prediction": label, "best": best, "confidence": float(conf), "abstain": bool(a),
-             "abstain_score": None if own is None else float(own[i]),
-             "entropy": float(ent[i]), "mutual_information": float(mi[i]),
-             **{k: None if v[i] is None else float(v[i]) for k, v in cols.items()},
+             **scores[i],
              "probabilities": {r: float(p) for r, p in zip(self.relations, row, strict=True)}}
             for i, (label, best, conf, a, row) in enumerate(zip(
                 self.labels, self.best, self.confidence, self.abstain, self.probs, strict=True))
@@ -324,11 +320,11 @@ class Predictor:
 
     def abstain_rule(self) -> AbstainRule:
         """Which queries of the current support abstain (:mod:`model.predict.abstain`): the
-        stored validation setting closest to its N ways and smallest K."""
+        stored validation settings read for its N ways and each way's K."""
         if self.summary is None:
             raise PipelineError("no support set; call set_support first")
         return make_rule(self.val_scores, len(self.summary.relations),
-                         min(self.summary.used_shots), self.abstain_rate, self.abstain_score,
+                         self.summary.used_shots, self.abstain_rate, self.abstain_score,
                          self.threshold, self.model.config.method)
 
     def _plan(self, shots: list[int]) -> str:

@@ -7,6 +7,12 @@ prototype) and flags those above the checkpoint's cutoff, chosen on its validati
 (:class:`~model.files.suspicion_cutoff.SuspicionCutoff`). A checkpoint of an older version has
 no cutoff: the scores are given, nothing is flagged, and :attr:`SupportCheck.rule` says why.
 
+A relation's only sentence is not scored, by any method: with no sibling sentence, nothing
+says what the relation's sentences look like but the prior, and the cutoff was chosen on
+5-shot validation episodes, where every sentence has four (REGRAB's score against its prior
+alone flagged correct lone sentences there). Its suspicion is None, it is never flagged, and
+:meth:`SupportCheck.line` counts such sentences.
+
 Shapes:
     N candidate relations, K shots (the most of any relation), D encoding size.
 """
@@ -26,8 +32,8 @@ from model.posterior.shots import padded_support
 
 @dataclass
 class SupportCheck:
-    """Suspicion of each relation's support sentences (None: not scored, a point method's
-    only sentence of a relation) and which are flagged."""
+    """Suspicion of each relation's support sentences (None: not scored, a relation's only
+    sentence) and which are flagged."""
 
     relations: list[str]
     scores: list[list[float | None]]  # per relation, per sentence used
@@ -48,11 +54,21 @@ class SupportCheck:
     def count(self) -> int:
         return sum(rec["flagged"] for rec in self.records())
 
+    @property
+    def lone(self) -> list[str]:
+        """The relations whose only sentence is not checked (no sibling to judge it by)."""
+        return [r for r, s in zip(self.relations, self.scores, strict=True) if len(s) == 1]
+
     def line(self) -> str:
         shown = [f"{rec['relation']} #{rec['index']} ({rec['suspicion']:.3g})"
                  for rec in self.records() if rec["flagged"]]
+        lone = self.lone
+        unchecked = (f"; {len(lone)} sentence{'s have' if len(lone) > 1 else ' has'} no "
+                     f"siblings, not checked ({', '.join(lone[:5])}"
+                     f"{' ...' if len(lone) > 5 else ''}: a relation's only sentence)"
+                     if lone else "")
         return (f"support sentences flagged as possibly mislabelled: {self.count}"
-                + (f" ({', '.join(shown)})" if shown else "") + f"; {self.rule}")
+                + (f" ({', '.join(shown)})" if shown else "") + unchecked + f"; {self.rule}")
 
 
 @torch.no_grad()
@@ -77,8 +93,9 @@ def check_support(head: Any, enc: torch.Tensor, used: list[int], h: torch.Tensor
     if not max(used):  # every relation zero-shot: one slot, masked out by the counts
         padded = padded.new_zeros(1, len(used), 1, enc.shape[-1])
     found = support_suspicion(head, padded, None if h is None else h.double(), counts)[0]
-    scores = [[None if math.isnan(v) else float(f"{v:.6g}") for v in found[i, :u].tolist()]
-              for i, u in enumerate(used)]
+    # A relation's only sentence has no sibling to be judged by: not scored (module doc).
+    scores = [[None if math.isnan(v) or u == 1 else float(f"{v:.6g}")
+               for v in found[i, :u].tolist()] for i, u in enumerate(used)]
     if cutoff is None:
         rule = ("this checkpoint keeps no suspicion cutoff measured on validation relations "
                 "(an older version trained it), so the scores are written and nothing is "

@@ -144,10 +144,22 @@ def typiclust_order(labelled: torch.Tensor, pool: torch.Tensor, generator: torch
                     picks: int) -> np.ndarray:
     """Pool positions in the order to label them: the first ``picks`` by repeated
     :func:`typiclust_pick` (each pick counted as labelled for the next), the rest by their
-    typicality in the pool, highest first.
+    typicality in the pool, highest first (:func:`typiclust_ranking`'s order).
 
     Shapes:
         labelled: (L, D), pool: (P, D) -> (P,) int64
+    """
+    return typiclust_ranking(labelled, pool, generator, picks)[0]
+
+
+def typiclust_ranking(labelled: torch.Tensor, pool: torch.Tensor, generator: torch.Generator,
+                      picks: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`typiclust_order` and every pool sentence's :func:`typicality` in the pool (the
+    inverse of its mean Euclidean distance to its nearest pool sentences): a score a user
+    can read, where the order is the picks'.
+
+    Shapes:
+        labelled: (L, D), pool: (P, D) -> (P,) int64, (P,) float64
     """
     p = pool.shape[0]
     free = torch.ones(p, dtype=torch.bool)
@@ -156,8 +168,8 @@ def typiclust_order(labelled: torch.Tensor, pool: torch.Tensor, generator: torch
         i = typiclust_pick(labelled, pool, free, generator)
         order.append(i)
         free[i] = False
+    typical = typicality(pool.double().cpu())
     if len(order) < p:
         rest = torch.nonzero(free).flatten()
-        typical = typicality(pool.double().cpu())[rest]
-        order += rest[torch.argsort(-typical, stable=True)].tolist()
-    return np.asarray(order, dtype=np.int64)
+        order += rest[torch.argsort(-typical[rest], stable=True)].tolist()
+    return np.asarray(order, dtype=np.int64), typical.numpy()

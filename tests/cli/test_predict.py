@@ -283,19 +283,22 @@ def test_abstain_rate_by_the_checkpoint_s_validation_scores(files, tmp_path, cap
     printed = capsys.readouterr().out
     table = pq.read_table(out).to_pylist()
     assert [r["abstain"] for r in table] == [r["confidence"] < 0.5 for r in table]
-    assert [r["abstain_score"] for r in table] == pytest.approx(
-        [1 - r["confidence"] for r in table])
-    assert all(r["max_prob"] == r["abstain_score"] and r["max_prob_ts"] is not None
+    # The abstain score is written as the top probability, as its name says, and the rule
+    # reads "below" it.
+    assert [r["abstain_score"] for r in table] == pytest.approx([r["confidence"] for r in table])
+    assert all(r["top_prob"] == r["abstain_score"] and r["top_prob_ts"] is not None
                and r["mutual_information"] == 0.0 and r["top_logit_var"] is None
-               for r in table)
-    assert (result["abstain_score"], result["abstain_setting"]) == ("max_prob", "3w1s")
-    assert f"{result['abstained']} abstained (abstain when: max_prob above 0.5, its 0.5 " \
-           "quantile on in-set queries of the checkpoint's validation setting 3w1s, closest " \
-           "to this 3-way 2-shot support)" in printed
+               and "max_prob" not in r for r in table)
+    assert (result["abstain_score"], result["abstain_setting"]) == ("top_prob", "3w1s")
+    assert result["abstain_cutoff"] == pytest.approx(0.5)
+    assert f"{result['abstained']} abstained (abstain when: top_prob below 0.5, its 0.5 " \
+           "quantile on in-set queries of the checkpoint's validation setting 3w1s, nearest " \
+           "this 3-way 2-shot support)" in printed
     # The default rate, and a score this proto checkpoint lacks.
     predict_files(["--checkpoint", str(path), "--support", str(files["support"]),
-                   "--queries", str(files["queries"]), "--out", str(out), "--device", "cpu"])
-    assert "max_prob above 0.95, its 0.95 quantile" in capsys.readouterr().out
+                   "--queries", str(files["queries"]), "--out", str(out), "--device", "cpu",
+                   "--abstain-score", "top_logit"])
+    assert "top_logit below -0.95, its 0.05 quantile" in capsys.readouterr().out
     err = _error(files, capsys, tmp_path / "x.jsonl", "--checkpoint", str(path),
                  "--abstain-score", "mutual_information")
     assert "does not apply to this proto checkpoint (it has no posterior samples)" in err

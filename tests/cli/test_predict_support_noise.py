@@ -90,3 +90,26 @@ def test_the_cutoff_comes_back_from_a_file_and_bad_ones_are_refused(files, tmp_p
             main(argv(files, path, tmp_path / "p.jsonl", "--support-scores", str(out)))
         assert words in capsys.readouterr().err
     assert not (tmp_path / "p.jsonl").exists()
+
+
+@pytest.mark.parametrize("method", ["regrab", "proto"])
+def test_a_relation_s_only_sentence_is_not_checked(files, tmp_path, capsys, method):
+    """A lone sentence has no sibling to be judged by: null suspicion, never flagged (even
+    under a cutoff that flags every other sentence), and the summary counts it."""
+    rows = [json.loads(line) for line in files["support"].read_text().splitlines()]
+    lone = [r for r in rows if r["relation"] != "P8"] + [r for r in rows
+                                                         if r["relation"] == "P8"][:1]
+    support = tmp_path / "lone.jsonl"
+    support.write_text("\n".join(json.dumps(r) for r in lone) + "\n")
+    cut = with_cutoff(tiny_checkpoint(files["root"], method), tmp_path / "c.safetensors", -1e9)
+    out = tmp_path / "s.jsonl"
+    result = predict_files(["--checkpoint", str(cut), "--support", str(support), "--queries",
+                            str(files["queries"]), "--out", str(tmp_path / "p.jsonl"),
+                            "--device", "cpu", "--support-scores", str(out)])
+    printed = capsys.readouterr().out
+    table = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["relation"], r["suspicion"] is None, r["flagged"]) for r in table] == [
+        *((r, False, True) for r in ("P6", "P7") for _ in range(4)), ("P8", True, False)]
+    assert result["support_flagged"] == 8
+    assert "; 1 sentence has no siblings, not checked (P8: a relation's only sentence);" \
+        in printed

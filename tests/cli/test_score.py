@@ -208,3 +208,34 @@ def test_a_checkpoint_whose_chains_would_run_past_a_week_is_refused_before_scori
     assert "(1,000,000,000,000 Langevin steps per chain) would take" in str(err.value)
     assert str(path) in str(err.value) and "fewer model.langevin.steps" in str(err.value)
     assert not scored and not list(tmp_path.glob("x*"))
+
+
+def test_unequal_settings_are_scored_as_evaluate_scores_them(trained, tmp_path, capsys):
+    """``--settings 3w1s,3w1-2s`` (the grammar of evaluate.unequal_settings) scores 3w1-2s
+    with its _cut1 and _step episode sets; a malformed one, or one with no N-way K-shot
+    setting beside it, is one error line."""
+    root, p, trained_on = trained
+    table = toy_table(["Q91", "Q92", "Q93", "Q94"], 8, seed=3)
+    data = _fewrel_json(tmp_path / "own.json", table)
+    out = score.score(["--data", str(data), "--models", str(root / "models"),
+                       "--out", str(tmp_path / "scores"), "--settings", "3w1s,3w1-2s",
+                       "--episodes", "4", "--params", str(p)])
+    want = {"3w1s", "3w1-2s", "3w1-2s_cut1", "3w1-2s_step"}
+    assert set(out["metrics"]["own"]["regrab"]) >= want
+    assert set(out["metrics"]["shots"]["gain"]["3w1-2s"]) >= {"regrab", "proto"}
+    report = json.loads((tmp_path / "scores_report.json").read_text())
+    assert report["accuracy"]["regrab"]["3w1-2s"]["episodes"] == 4  # --episodes, per split
+    md = (tmp_path / "scores.md").read_text()
+    assert "3w1-2s_step" in md
+    assert "Step protocol of 3w1-2s" in md
+    capsys.readouterr()
+    for bad, words in (("3w2-1s", "needs N >= 2 ways and 1 <= a < b"),
+                       ("3wXs", "is not like 5w1s (N-way K-shot), or like 5w1-5s"),
+                       ("3w1-2s", "has no N-way K-shot setting; unequal ones are scored "
+                                  "beside one, as evaluate scores them: add one, e.g. "
+                                  "5w1s,3w1-2s")):
+        with pytest.raises(SystemExit):
+            score.main(["--data", str(data), "--models", str(root / "models"), "--out",
+                        str(tmp_path / "x"), "--settings", bad, "--params", str(p)])
+        err = capsys.readouterr().err
+        assert err.startswith("error: --settings") and words in err

@@ -101,11 +101,19 @@ def test_typiclust_is_the_default_and_ranks_by_repeated_picks_for_any_method(fil
     result = suggest.suggest(_argv(files, out, "proto", "--chunk", "4", "--picks", "2"))
     assert result["strategy"] == "typiclust" and result["ranked"] == 6
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["score"] for r in rows] == [5, 4, 3, 2, 1, 0]
+    assert [r["rank"] for r in rows] == [1, 2, 3, 4, 5, 6]
     # The first is the pick on the support's and the pool's encodings, from --seed.
     pred = fitted(files, "proto")
     assert pred.support_encodings.shape[0] == 6  # 3 ways x 2 shots, no padding
     pool = pred.encode([r["text"] for r in sorted(rows, key=lambda r: r["line"])])
+    # The score is each sentence's typicality in the pool, not its place in the order: the
+    # inverse mean distance to its nearest pool sentences (all 5 others here), the same for
+    # a sentence wherever the picks put it; the ranks after the picks follow it.
+    want = 1 / (torch.cdist(pool.double(), pool.double()).sum(1) / 5)
+    by_line = {r["line"]: r["score"] for r in rows}
+    assert [by_line[i] for i in range(1, 7)] == pytest.approx(want.tolist(), rel=1e-4)
+    assert [r["score"] for r in rows[2:]] == sorted((r["score"] for r in rows[2:]),
+                                                     reverse=True)
     first = typiclust_pick(pred.support_encodings, pool, torch.ones(6, dtype=torch.bool),
                            torch.Generator().manual_seed(0))
     assert rows[0]["line"] == first + 1

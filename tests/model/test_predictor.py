@@ -140,7 +140,16 @@ def test_predictions_carry_the_scores_of_the_uncertainty_module(folder, table):
                        for r in recs)
         # No stored validation scores: no rule, so no abstain score and no abstention.
         assert all(r["abstain_score"] is None and not r["abstain"] for r in recs)
-        assert all(r["max_prob"] == pytest.approx(1 - r["confidence"]) for r in recs)
+        # Each score written as what its name says: the top probability, the gap between the
+        # two top ones, the largest (sample-averaged) logit; no name says the opposite.
+        assert all(r["top_prob"] == pytest.approx(r["confidence"]) for r in recs)
+        top_two = [sorted(r["probabilities"].values())[-2:] for r in recs]
+        assert [r["top_gap"] for r in recs] == pytest.approx([b - a for a, b in top_two])
+        logits = pred.sample_logits(pred.encode(queries)).double()  # (S, Q, N)
+        mean_logit = torch.logsumexp(logits, 0) - math.log(logits.shape[0])
+        assert [r["top_logit"] for r in recs] == pytest.approx(
+            mean_logit.max(-1).values.tolist())
+        assert not {"max_prob", "margin", "max_logit", "max_prob_ts"} & set(recs[0])
 
 
 # --- predictions ------------------------------------------------------------------------------

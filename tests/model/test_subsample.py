@@ -144,8 +144,9 @@ def _old_check_scores(head, enc, used, h):
         start += u
     found = support_suspicion(head, padded, None if h is None else h.double(),
                               torch.tensor([used]))[0]
-    return [[None if math.isnan(v) else float(f"{v:.6g}") for v in found[i, :u].tolist()]
-            for i, u in enumerate(used)]
+    # A relation's only sentence is not checked (no sibling to judge it by).
+    return [[None if math.isnan(v) or u == 1 else float(f"{v:.6g}")
+             for v in found[i, :u].tolist()] for i, u in enumerate(used)]
 
 
 @pytest.mark.parametrize("used", [[3, 1, 2], [2, 2, 2], [4, 0, 1], [0, 0, 0]])

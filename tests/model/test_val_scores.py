@@ -16,7 +16,7 @@ from model.files.loader import load_model
 from model.files.model_folder import export
 from model.files.model_folder import read as read_folder
 from model.files.score_quantiles import LEVELS, ScoreQuantiles
-from model.predict.abstain import closest
+from model.predict.abstain import cutoff_for, nearest
 from model.predict.predictor import Predictor
 from model.training import val_scores
 from pipeline.errors import PipelineError
@@ -164,9 +164,13 @@ def test_abstain_fires_at_the_stored_quantile(folder, table):
     got = pred.predict(queries)
     np.testing.assert_allclose(got.scores["max_prob_ts"], scores["max_prob"], atol=1e-12)
     assert abs(got.abstain.mean() - 0.5) <= 1 / len(queries)
-    assert "max_prob_ts above" in got.rule.text
+    assert "top_prob_ts below" in got.rule.text  # written as the tempered top probability
     assert "quantile on in-set queries of the checkpoint's validation setting 3w1s" in \
         got.rule.text
+    assert [r["top_prob_ts"] for r in got.records()] == pytest.approx(
+        1 - got.scores["max_prob_ts"])
+    assert Predictor(pred.model, abstain_score="top_logit", val_scores=[stored]
+                     ).abstain_score == "top_logit"  # the written name is accepted
     pred.val_scores = (dataclasses.replace(stored, temperature=0.5),)
     got = pred.predict(queries)
     tempered = np.exp(np.log(got.probs) / 0.5)
@@ -174,20 +178,44 @@ def test_abstain_fires_at_the_stored_quantile(folder, table):
                                1 - (tempered / tempered.sum(1, keepdims=True)).max(1), rtol=1e-9)
 
 
-def test_the_setting_closest_to_the_support_is_used(folder, table):
+def test_the_cutoff_is_read_for_the_support_s_shots(folder, table):
+    """Not the setting of the support's fewest shots: between the stored 1- and 5-shot
+    settings in 1/K, at the support's mean 1/K, so a 3-shot or a mostly 1-shot support gets
+    its own cutoff; outside the stored shots, the nearest setting."""
     stored = [synthetic(shots=1), synthetic(shots=5, spread=0.5)]
-    assert closest(stored, 3, 2).shots == 1 and closest(stored, 20, 4).shots == 5
-    assert closest(stored, 5, 0).shots == 1 and closest(stored, 5, 3).shots == 1
+    # Nearest in 1/K: 2 shots (0.5) are nearer 5 shots (0.2) than 1 (1.0).
+    assert nearest(stored, 3, [2, 2]).shots == 5 and nearest(stored, 3, [1, 2]).shots == 1
+    assert nearest(stored, 5, [0, 1]).shots == 1 and nearest(stored, 5, [3, 3]).shots == 5
+    # 1/K: 1-shot 1.0, 5-shot 0.2; the 0.5 quantiles 0.5 and 0.25.
+    for shots, want in (([1, 1, 1], 0.5), ([5, 5, 5], 0.25), ([8, 9, 10], 0.25),
+                        ([3, 3, 3], 0.25 + 0.25 * (1 / 3 - 0.2) / 0.8),
+                        ([5, 1, 1, 1, 1], 0.25 + 0.25 * (0.84 - 0.2) / 0.8),
+                        ([0, 1, 1], 0.5)):
+        got, used = cutoff_for(stored, len(shots), shots, "max_prob", 0.5)
+        assert got == pytest.approx(want), shots
+        assert len(used) == (2 if 0.25 < want < 0.5 else 1)
+    # The nearest ways first: a 10-way setting is not mixed into a 5-way support's cutoff.
+    wide = [*stored, synthetic(ways=10, shots=1, spread=2.0)]
+    assert cutoff_for(wide, 4, [3, 3, 3, 3], "max_prob", 0.5)[0] == pytest.approx(
+        cutoff_for(stored, 4, [3, 3, 3, 3], "max_prob", 0.5)[0])
+    assert cutoff_for(wide, 9, [1] * 9, "max_prob", 0.5)[0] == pytest.approx(1.0)
     proto = tiny_checkpoint(folder, "proto")
     pred = Predictor.from_checkpoint(with_scores(proto, folder / "p.safetensors", stored),
                                      abstain_rate=0.5)
-    for shots, cutoff in (([1, 2, 1], 0.5), ([5, 5, 4], 0.25)):
+    for shots, cutoff, where in (
+            ([1, 1, 1], 0.5, "validation setting 5w1s, nearest this 3-way 1-shot support"),
+            ([5, 5, 5], 0.25, "validation setting 5w5s, nearest this 3-way 5-shot support"),
+            ([1, 5, 1], 0.25 + 0.25 * (11 / 15 - 0.2) / 0.8,
+             "validation settings 5w1s and 5w5s, interpolated in 1/K for this 3-way 1-5-shot "
+             "(mean 1/K 0.73) support")):
         pred.set_support(_support(toy_table(RELATIONS, 8, seed=5), shots))
         rule = pred.abstain_rule()
         assert rule.cutoff == pytest.approx(cutoff) and rule.score == "max_prob"
-        assert f"closest to this 3-way {min(shots)}-shot support" in rule.text
+        assert rule.written == "top_prob" and rule.written_cutoff == pytest.approx(1 - cutoff)
+        assert rule.text == (f"top_prob below {1 - cutoff:.4g}, its 0.5 quantile on in-set "
+                             f"queries of the checkpoint's {where}")
     with pytest.raises(PipelineError, match="mutual_information does not apply to this proto "
-                                            "checkpoint .*give one of max_prob, margin"):
+                                            "checkpoint .*give one of top_prob, top_gap"):
         Predictor(pred.model, abstain_score="mutual_information", val_scores=stored
                   ).set_support(_support(table, [1, 1, 1]))
 
