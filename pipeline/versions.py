@@ -161,6 +161,13 @@ def listing(root: str | Path, name: str = registry.NAME) -> list[Row]:
             for v in registry.versions(root, name)]
 
 
+def _accuracies(metrics: dict[str, float]) -> str:
+    """``79.24/88.52/68.22/80.39`` (``-`` for a setting missing; ``-`` alone for none)."""
+    if not any(s in metrics for s in SETTINGS):
+        return "-"
+    return "/".join(f"{metrics[s]:.2f}" if s in metrics else "-" for s in SETTINGS)
+
+
 def format_listing(rows: list[Row], name: str = registry.NAME) -> list[str]:
     """The lines of ``regrab-models list``: a table of versions (``-`` for a metric a version
     did not commit), then which version is promoted and how to use it."""
@@ -168,21 +175,19 @@ def format_listing(rows: list[Row], name: str = registry.NAME) -> list[str]:
         return [f"no version of {name} is registered: the retrain flow registers one after a "
                 "run (docs/scheduled-retrains.md), or git fetch --tags to read the team's"]
     head = ["version", "stage", "registered", "commit",
-            *(f"{b} {s}" for b in BENCHMARKS for s in SETTINGS)]
+            *(f"{b} {'/'.join(SETTINGS)}" for b in BENCHMARKS)]
     body = [[r.version.version, ",".join(r.version.stages) or "-",
              r.version.created.strftime("%Y-%m-%d %H:%M"), r.version.commit[:7],
-             *(f"{r.metrics[b][s]:.2f}" if s in r.metrics.get(b, {}) else "-"
-               for b in BENCHMARKS for s in SETTINGS)] for r in rows]
+             *(_accuracies(r.metrics.get(b, {})) for b in BENCHMARKS)] for r in rows]
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) if i < 4 else cell.rjust(w)
-                       for i, (cell, w) in enumerate(zip(line, widths, strict=True))).rstrip()
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
              for line in [head, *body]]
     promoted = [r.version for r in rows if registry.PROD in r.version.stages]
     lines.append("accuracy % of REGRAB, from metrics/<benchmark>_headline.json at each "
-                 "version's commit")
+                 "version's commit (- where it has none)")
     if promoted:
         lines.append(f"promoted ({registry.PROD}): {promoted[0].tag}; --model {name} runs it, "
-                     f"--model {name}@vX.Y.Z another")
+                     f"--model {name}@vX.Y.Z another version")
     else:
         lines.append(f"no version is promoted: regrab-models promote {name}@vX.Y.Z")
     return lines

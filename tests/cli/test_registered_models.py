@@ -135,12 +135,11 @@ def test_predict_by_name_list_rollback_and_promote(project, tmp_path, monkeypatc
 
     models.main(["list"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:5] == ["version", "stage", "registered", "commit", "nyt25"]
+    assert lines[0].split() == ["version", "stage", "registered", "commit",
+                                "nyt25", "5w1s/5w5s/10w1s/10w5s", "fewrel", "5w1s/5w5s/10w1s/10w5s"]
     v1, v2 = lines[1].split(), lines[2].split()
-    assert v1[0] == "v0.1.0" and v1[1] == "-" and v1[5:9] == ["70.50", "80.25", "-", "-"]
-    assert v2[0] == "v0.2.0" and v2[1] == "prod" and v2[5:9] == ["71.00", "81.00", "60.00",
-                                                                  "70.00"]
-    assert v1[9:] == v2[9:] == ["-"] * 4  # no FewRel headline committed
+    assert v1[:2] == ["v0.1.0", "-"] and v1[5:] == ["70.50/80.25/-/-", "-"]  # no FewRel file
+    assert v2[:2] == ["v0.2.0", "prod"] and v2[5:] == ["71.00/81.00/60.00/70.00", "-"]
     assert lines[-1].startswith("promoted (prod): regrab@v0.2.0")
 
     models.main(["rollback"])
