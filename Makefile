@@ -1,4 +1,5 @@
-# The README's two commands: `make repro` (the pipeline) and `make test` (the fast tests);
+# The README's two commands: `make repro` (the pipeline, pulling what the DVC remote holds and
+# pushing what it made) and `make test` (the fast tests);
 # `make test-slow` runs the rest (real servers, subprocess pipelines), as CI does.
 # All create .venv when missing and install the pinned project into it.
 
@@ -7,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: repro test test-slow lint clean-venv prefect-server prefect-serve prefect-run prefect-stop \
+.PHONY: repro push test test-slow lint clean-venv prefect-server prefect-serve prefect-run prefect-stop \
 	encoder-mpnet gpu-pack gpu-table
 
 $(STAMP): pyproject.toml constraints.txt
@@ -19,8 +20,20 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 # Stage commands say `python`: put the venv first on PATH so they run in it.
+# The DVC remote is .dvc/config's default (../regrab-dvc-remote, a folder beside the checkout,
+# or the one `dvc remote add --local -d` set; docs/pipeline.md#the-dvc-remote). `--pull` fetches
+# the outputs dvc.lock names from it, so a stage whose outputs it holds is not rerun; a remote
+# that is empty or missing is no error: those stages run. After a successful run, push.
+# (Not --allow-missing: it skips a stage whose outputs the remote lacks, leaving them missing.)
+DVC_PUSH = $(BIN)/dvc push || { echo "error: dvc push failed (above); the outputs are complete" \
+	"here: fix the remote (dvc remote list) and run make push" >&2; exit 1; }
+
 repro: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro --pull
+	$(DVC_PUSH)
+
+push: $(STAMP)
+	$(DVC_PUSH)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not integration"

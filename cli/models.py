@@ -1,4 +1,10 @@
-"""``regrab-models``: take a trained model away, or convert one written by an older version.
+"""``regrab-models``: list, promote and roll back versions; export or convert a model.
+
+``list`` prints every registered version (git tags ``regrab@vX.Y.Z``) with the headline
+accuracies committed with it and which one is promoted (stage ``prod``: what ``regrab-predict
+--model regrab`` runs). ``promote regrab@vX.Y.Z`` assigns ``prod`` to that version and
+``rollback`` gives it back to the version that held it before; each is one git tag
+(``regrab#prod#N``, GTO's convention), published with ``git push --tags``.
 
 ``export`` writes a train-stage checkpoint as a self-describing folder (weights, config,
 relation labels and graph, the pre-trained encoder, a model card) that ``regrab-predict
@@ -17,6 +23,9 @@ you trust. (The pickle is read by torch's restricted unpickler, which admits ten
 plain containers only.)
 
 Usage:
+    regrab-models list
+    regrab-models promote regrab@v0.2.0
+    regrab-models rollback
     regrab-models export models/nyt25/split_0/regrab/model.safetensors --out my-model \
         [--relations data/wikidata/relations.parquet] [--report metrics/nyt25_report.json] \
         [--no-encoder] [--force]
@@ -35,6 +44,7 @@ from cli.text import shown
 from model.files import loader
 from model.files.checkpoint import MODEL_FILE, STATE_FILE, convert_legacy
 from model.files.model_folder import OWN_ENTRIES, check_out, check_report, export
+from pipeline import registry, versions
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, check_writable
 
@@ -51,6 +61,10 @@ def benchmark_of(checkpoint: Path) -> str | None:
 def run(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="regrab-models", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="registered versions, their headline metrics, the promoted one")
+    pr = sub.add_parser("promote", help=f"make a version the one users run ({registry.PROD})")
+    pr.add_argument("version", help=f"{registry.NAME}@vX.Y.Z (see regrab-models list)")
+    sub.add_parser("rollback", help=f"give {registry.PROD} back to the version before")
     ex = sub.add_parser("export", help="write a checkpoint as a self-contained model folder")
     ex.add_argument("checkpoint", type=Path, help=f"a train-stage {MODEL_FILE}")
     ex.add_argument("--out", type=Path, required=True,
@@ -76,6 +90,14 @@ def run(argv: list[str] | None = None) -> None:
     cv.add_argument("--force", action="store_true",
                     help="replace a different file already at --out (refused otherwise)")
     args = parser.parse_args(argv)
+    if args.command == "list":
+        for line in versions.format_listing(versions.listing(versions.project_root())):
+            print(shown(line))
+        return
+    if args.command in ("promote", "rollback"):
+        print(shown(versions.promote(args.version) if args.command == "promote"
+                    else versions.rollback()))
+        return
     if args.command == "export":
         bench = benchmark_of(args.checkpoint)
         report = args.report

@@ -53,6 +53,7 @@ from cli.files import (
 )
 from cli.guard import refuse_same, run_command
 from cli.limits import add_run_options, check_run_options, check_support_cost
+from cli.model_option import add_model_option, model_file
 from cli.text import lone_surrogate, shown
 from model.evaluation.uncertainty import POSTERIOR_SCORES
 from model.predict.abstain import DEFAULT_RATE, SCORE_NAMES
@@ -263,9 +264,7 @@ def read_queries(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="regrab-predict", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", "--model", type=Path, required=True,
-                   help="model.safetensors of the train stage, or a model folder "
-                        "(regrab-models export)")
+    add_model_option(p)
     p.add_argument("--support", type=Path, help="JSONL/Parquet rows {relation, sentence}")
     p.add_argument("--zero-shot", action="append", default=[], metavar="IDS",
                    help="relations predicted from their prior alone, no support: comma-"
@@ -334,7 +333,7 @@ def predict_files(argv: list[str] | None = None) -> dict[str, Any]:
     device, support, names, descriptions = support_inputs(args)
     queries, skipped = read_queries(args.queries)
     predictor = Predictor.from_checkpoint(
-        args.checkpoint, device, seed=args.seed, threshold=args.threshold,
+        model_file(args.checkpoint), device, seed=args.seed, threshold=args.threshold,
         abstain_rate=args.abstain_rate, abstain_score=args.abstain_score,
         batch_size=args.batch_size)
     starts = range(0, len(queries), args.chunk)

@@ -28,9 +28,13 @@ description, a name only, or no text.
 5 shots each), scored as ``evaluate.unequal_settings`` are, with their ``_cut1`` and ``_step``
 episode sets (``evaluate.unequal_episodes`` episodes each, or ``--episodes``).
 
+``--models`` also takes a registered version (``regrab``, the promoted one, or
+``regrab@v0.2.0``, optionally ``:fewrel`` for that benchmark's models; default ``nyt25``).
+
 Usage:
     regrab-score --data ../shared/data/fewrel/val_nyt.json --models models/fewrel \
         --out metrics/own [--settings 5w1s,5w5s,5w1-5s] [--episodes 1000] [--methods regrab]
+    regrab-score --data my_data.json --models regrab:fewrel --out metrics/own
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ from model.evaluation.splits import EvalConfig
 from model.evaluation.transfer import score_table, stored_models
 from model.methods import registry
 from model.prior.labels import PRIOR_KINDS, TEXT_KINDS
-from pipeline import report
+from pipeline import report, versions
 from pipeline.config import load_section, select_device, set_threads
 from pipeline.errors import PipelineError
 from pipeline.fewrel import convert, load_json
@@ -149,7 +153,10 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True, help="FewRel-format JSON file")
     parser.add_argument("--models", type=Path, required=True,
-                        help="a benchmark's models folder (split_*/<method>/model.safetensors)")
+                        help="a benchmark's models folder (split_*/<method>/model.safetensors),"
+                             " or a registered version's: regrab (the promoted one) or "
+                             "regrab@vX.Y.Z, optionally :BENCHMARK (default :nyt25); list "
+                             "them with regrab-models list")
     parser.add_argument("--out", type=Path, required=True,
                         help="output prefix: OUT.json (metrics), OUT.md, OUT_report.json; "
                              "all three are checked before scoring and written together or "
@@ -202,6 +209,9 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
         len(wanted or registry.names()) + 1),
         "--episodes" if args.episodes else f"{args.params} evaluate.episodes")
     check_threads(base.threads, f"{args.params} evaluate.threads")
+    args.models, line = versions.checkout_benchmark(args.models)
+    if line is not None:
+        print(shown(line))
     # Before any model is loaded: a checkpoint with 10^9 Langevin steps must not start.
     stored = stored_models(args.models, wanted or registry.names())
     check_stored_chains([f for paths in stored.values() for f in paths.values()],

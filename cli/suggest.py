@@ -51,6 +51,7 @@ from tqdm import tqdm
 from cli.files import check_output, write_rows
 from cli.guard import refuse_same, run_command
 from cli.limits import add_run_options, check_run_options, check_support_cost
+from cli.model_option import add_model_option, model_file
 from cli.predict import SHOWN_SKIPS, read_sentences, support_inputs
 from cli.text import shown
 from model.evaluation.uncertainty import mc_log_probs
@@ -96,9 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="regrab-suggest", description=doc.split("\n\n")[0],
         epilog="strategies: " + "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items()))
-    p.add_argument("--checkpoint", "--model", type=Path, required=True,
-                   help="model.safetensors of the train stage, or a model folder "
-                        "(regrab-models export)")
+    add_model_option(p)
     p.add_argument("--support", type=Path, required=True,
                    help="your labelled sentences: JSONL/Parquet rows {relation, sentence}, as "
                         "regrab-predict reads them")
@@ -143,8 +142,8 @@ def suggest(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     device, support, names, descriptions = support_inputs(args)
     pool, skipped = read_pool(args.pool)
-    predictor = Predictor.from_checkpoint(args.checkpoint, device, seed=args.seed,
-                                          batch_size=args.batch_size)
+    predictor = Predictor.from_checkpoint(model_file(args.checkpoint), device,
+                                          seed=args.seed, batch_size=args.batch_size)
     starts = range(0, len(pool), args.chunk)
     # Before the support is encoded or its posterior sampled (once more for the first
     # sentence): 10^9 Langevin steps, or more support than the machine holds, must not start.

@@ -268,23 +268,53 @@ def checkout(root: str | Path, ref: Ref | str, dest: str | Path | None = None) -
     ref = parse_ref(ref) if isinstance(ref, str) else ref
     version = resolve(root, ref)
     folder = Path(dest) if dest else root / CHECKOUT_DIR / ref.name / version.version / ref.member
-    if (folder / MODEL_FILE).is_file():
-        return folder / MODEL_FILE
+    if not (folder / MODEL_FILE).is_file():
+        _copy_out(root, version, f"{MODELS_DIR}/{ref.member}", f"model {ref.member}", folder)
+    return folder / MODEL_FILE
+
+
+def checkout_benchmark(root: str | Path, ref: Ref | str, benchmark: str) -> Path:
+    """Every trained model of ``benchmark`` at a reference's version (its member is ignored),
+    copied out of DVC as :func:`checkout` copies one: the folder
+    ``<root>/.regrab/registry/<name>/<version>/benchmark/<benchmark>``, laid out as
+    ``models/<benchmark>`` (``split_<k>/<method>/model.safetensors``).
+
+    Raises:
+        PipelineError: as :func:`checkout` does.
+    """
+    root = Path(root).resolve()
+    ref = parse_ref(ref) if isinstance(ref, str) else ref
+    version = resolve(root, ref)
+    folder = root / CHECKOUT_DIR / ref.name / version.version / "benchmark" / benchmark
+    if not folder.is_dir():
+        _copy_out(root, version, f"{MODELS_DIR}/{benchmark}", f"models of {benchmark}", folder,
+                  must_hold=None)
+    return folder
+
+
+#: Parts of a model folder a loader never reads: training curves and the resume point.
+_NOT_COPIED = frozenset({"dvclive", "state.safetensors"})
+
+
+def _copy_out(root: Path, version: Version, source: str, what: str, folder: Path,
+              must_hold: str | None = MODEL_FILE) -> None:
+    """Copy ``source`` (a folder of ``version``'s outputs) into ``folder`` through DVC, all of
+    it or nothing, leaving out :data:`_NOT_COPIED`."""
     from dvc.api import DVCFileSystem  # seconds to import: only when a copy is needed
 
-    source = f"{MODELS_DIR}/{ref.member}"
     fs = DVCFileSystem(str(root), rev=version.commit)
     try:
-        if not fs.exists(f"{source}/{MODEL_FILE}"):
+        wanted = f"{source}/{must_hold}" if must_hold else source
+        if not fs.exists(wanted):
             raise PipelineError(
-                f"{version.tag} has no model {ref.member}: {source}/{MODEL_FILE} is not in "
-                "that commit's outputs, or neither the DVC cache nor the DVC remote holds its "
-                "bytes (dvc push from the machine that trained it, then try again)")
+                f"{version.tag} has no {what}: {wanted} is not in that commit's outputs, or "
+                "neither the DVC cache nor the DVC remote holds its bytes (dvc push from the "
+                "machine that trained it, then try again)")
         with atomic_dir(folder) as tmp:
             for entry in fs.find(source):
                 relative = Path(entry).relative_to(source)
-                if relative.parts and relative.parts[0] == "dvclive":
-                    continue  # training curves: not needed to load the model
+                if _NOT_COPIED & set(relative.parts):
+                    continue
                 target = tmp / relative
                 target.parent.mkdir(parents=True, exist_ok=True)
                 fs.get_file(entry, str(target))
@@ -295,4 +325,3 @@ def checkout(root: str | Path, ref: Ref | str, dest: str | Path | None = None) -
             f"could not read {source} at {version.tag} ({type(exc).__name__}: "
             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'}); "
             "run dvc pull, or dvc push from the machine that trained it") from exc
-    return folder / MODEL_FILE

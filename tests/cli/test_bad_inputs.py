@@ -5,6 +5,7 @@ import json
 import os
 import resource
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -306,3 +307,20 @@ def test_a_checkpoint_of_a_billion_steps_answers_or_says_what_it_would_cost(file
     assert "this checkpoint's posterior (1,000,000,000,000 Langevin steps per chain) would take " \
            "about" in err and "measured here" in err and "fewer model.langevin.steps" in err
     assert not (tmp_path / "o2.jsonl").exists()
+
+
+@pytest.mark.parametrize(("model", "git", "says"), [
+    ("regrab", False, "is not inside a git repository, so it has no model registry"),
+    ("regrab", True, "no version of regrab is assigned to prod"),
+    ("regrab@v9.0.0", True, "regrab@v9.0.0 is not registered (versions: none)"),
+    ("regrab#prod:nyt25/split_0", True, "is not one the registry reads"),
+])
+def test_a_version_that_cannot_be_had_is_one_line(files, capsys, tmp_path, monkeypatch, model,
+                                                  git, says):
+    if git:
+        subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)
+    argv = _argv(files, tmp_path / "out.jsonl")
+    argv[1] = model
+    assert says in _one_error(capsys, lambda: predict.main(argv))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([".git"] if git else [])
