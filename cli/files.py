@@ -18,7 +18,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from cli.text import lone_surrogate
-from model.predict.predictor import OTHER_SCORES
+from model.predict.predictions import OTHER_SCORES
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, check_writable
 
