@@ -35,8 +35,8 @@ import uvicorn
 from pipeline.errors import PipelineError, run_cli
 
 #: Defaults of the request limits, from the costs measured on a 2-core machine
-#: (docs/performance.md#regrab-serve): a request of 256 queries is a second or two there, a
-#: support set of 1,000 sentences about 10 s to encode; 4 MiB holds either with room to spare.
+#: (docs/performance.md#regrab-serve): a request of 256 queries is 5 to 11 s there, a support
+#: set of 1,000 sentences about 15 s to encode; 4 MiB holds either with room to spare.
 MAX_QUERIES = 256
 MAX_SUPPORT = 1000
 MAX_RELATIONS = 100
