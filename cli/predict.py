@@ -58,7 +58,13 @@ from cli.text import lone_surrogate, shown
 from model.evaluation.uncertainty import POSTERIOR_SCORES
 from model.predict.abstain import DEFAULT_RATE, SCORE_NAMES
 from model.predict.predictor import NonFinite, Predictor
-from model.predict.sentences import Sentence, has_sentence, parse_sentence
+from model.predict.records import (
+    RelationTexts,
+    query_from_record,
+    shown_text,
+    support_from_records,
+)
+from model.predict.sentences import Sentence
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError
 from pipeline.fewrel import load_relation_texts, relation_text
@@ -106,30 +112,11 @@ def _text(value: str, what: str) -> str:
 
 def read_support(path: Path | None, zero_shot: list[str]) -> dict[str, list[Sentence]]:
     """``{relation: [sentence, ...]}`` in order of first appearance (empty list: zero-shot)."""
-    support: dict[str, list[Sentence]] = {}
-    if path is not None:
-        for line, rec in read_records(path, "support file"):
-            where = f"support {path} line {line}"
-            if isinstance(rec, PipelineError):
-                raise PipelineError(f"{where}: {rec}")
-            if not isinstance(rec, dict) or not isinstance(rec.get("relation"), str):
-                raise PipelineError(f"{where}: needs a string 'relation' (a Wikidata id such "
-                                    "as P19) and optionally a sentence")
-            sentences = support.setdefault(rec["relation"], [])
-            if has_sentence(rec):
-                try:
-                    sentences.append(parse_sentence(rec))
-                except PipelineError as exc:
-                    raise PipelineError(f"{where}: {exc}") from None
-    for r in zero_shot:
-        _text(r, "--zero-shot relation")
-        if support.get(r):
-            raise PipelineError(f"relation {r} has support sentences in {path} and is also in "
-                                "--zero-shot; drop one of the two")
-        support.setdefault(r, [])
-    if not support:
-        raise PipelineError("no candidate relations: give --support rows and/or --zero-shot ids")
-    return support
+    records = ((f"support {path} line {line}", rec)
+               for line, rec in (read_records(path, "support file") if path else ()))
+    return support_from_records(records, [_text(r, "--zero-shot relation") for r in zero_shot],
+                                source=f"--support {path}" if path else "--support",
+                                zero_shot_source="--zero-shot")
 
 
 def read_relation_texts(path: Path, option: str = "--relations"
@@ -158,7 +145,7 @@ def read_relation_texts(path: Path, option: str = "--relations"
         if _entry(value) != texts[key]:
             raise PipelineError(
                 f"{option} {path}: relation {key!r} is given twice with different text "
-                f"({_shown(_entry(value))} and {_shown(texts[key])}); keep one entry")
+                f"({shown_text(_entry(value))} and {shown_text(texts[key])}); keep one entry")
     return texts
 
 
@@ -166,12 +153,6 @@ def _entry(value: Any) -> tuple[str, str | None] | Any:
     """A relations-file entry as :func:`load_relation_texts` keeps it (anything else: as is)."""
     text = relation_text(value)
     return value if text is None else text
-
-
-def _shown(text: Any, width: int = 60) -> str:
-    """An entry's text, cut for a one-line message."""
-    shown = " / ".join(t for t in text if t) if isinstance(text, tuple) else repr(text)
-    return repr(shown if len(shown) <= width else shown[:width] + "...")
 
 
 def read_texts(path: Path | None, given: list[str], relations: Path | None = None
@@ -191,41 +172,15 @@ def read_texts(path: Path | None, given: list[str], relations: Path | None = Non
             raise PipelineError(f"--name {item!r}: write it as RELATION=NAME, e.g. "
                                 "--name 'gene_found_in_organism=found in organism'")
         overrides[rel.strip()] = name.strip()
-    names: dict[str, str] = {}
-    descriptions: dict[str, str] = {}
-    sources: dict[tuple[str, str], str] = {}
-
-    def put(kind: str, into: dict[str, str], relation: str, text: str, source: str) -> None:
-        text = " ".join(text.split())
-        if not text or (kind == "name" and relation in overrides):
-            return
-        if relation in into and into[relation] != text:
-            raise PipelineError(
-                f"relation {relation!r} is given two different {kind}s, "
-                f"{_shown((into[relation],))} in {sources[kind, relation]} and "
-                f"{_shown((text,))} in {source}; keep one"
-                + (" (--name REL=NAME overrides both)" if kind == "name" else ""))
-        into[relation] = text
-        sources.setdefault((kind, relation), source)
-
+    texts = RelationTexts(overrides)
     if relations is not None:
         for rel, (name, description) in read_relation_texts(relations).items():
-            put("name", names, rel, name, f"--relations {relations}")
-            put("description", descriptions, rel, description or "", f"--relations {relations}")
+            texts.put("name", rel, name, f"--relations {relations}")
+            texts.put("description", rel, description or "", f"--relations {relations}")
     if path is not None:
-        for line, rec in read_records(path, "support file"):
-            if not isinstance(rec, dict):  # read_support has refused it already
-                continue
-            for kind, into in (("name", names), ("description", descriptions)):
-                value = rec.get(kind)
-                if value is None:
-                    continue
-                if not isinstance(value, str):
-                    raise PipelineError(f"support {path} line {line}: '{kind}' is "
-                                        f"{type(value).__name__}, not text; write the "
-                                        f"relation's {kind} as a string")
-                put(kind, into, str(rec.get("relation")), value, f"support {path} line {line}")
-    return names | overrides, descriptions
+        texts.put_records((f"support {path} line {line}", rec)
+                          for line, rec in read_records(path, "support file"))
+    return texts.result()
 
 
 def read_sentences(path: Path, what: str, empty: str, noun: str
@@ -238,17 +193,9 @@ def read_sentences(path: Path, what: str, empty: str, noun: str
     for line, rec in read_records(path, what):
         records += 1
         try:
-            if isinstance(rec, PipelineError):
-                raise rec
-            sentence = parse_sentence(rec)
+            rows.append({"line": line, **query_from_record(rec)})
         except PipelineError as exc:
             skipped.append(f"line {line}: {exc}")
-            continue
-        extra = rec if isinstance(rec, dict) else {}
-        gold = extra.get("relation")
-        rows.append({"line": line, "sentence": sentence,
-                     "id": None if extra.get("id") is None else str(extra["id"]),
-                     "gold": None if gold is None else str(gold)})
     if records == 0:
         raise PipelineError(f"{what} {path} has no records; {empty}")
     if not rows:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipeline", "model", "stages", "cli", "orchestration", "benchmarks", "scripts")
+PACKAGES = ("pipeline", "model", "stages", "cli", "serve", "orchestration", "benchmarks",
+            "scripts")
 MAX_LINES = 400
 #: The most modules (``__init__`` aside) one package under ``model/`` may hold.
 MAX_MODULES = 12
@@ -44,7 +45,7 @@ def test_no_file_outside_tests_is_over_400_lines():
     assert long == {}
 
 
-@pytest.mark.parametrize("floor", ["cli", "benchmarks", "model", "pipeline"])
+@pytest.mark.parametrize("floor", ["cli", "serve", "benchmarks", "model", "pipeline"])
 def test_library_floors_never_import_stages(floor):
     bad = {str(p.relative_to(ROOT)): sorted(i for i in imports(p) if i.startswith("stages"))
            for p in (ROOT / floor).rglob("*.py")}
@@ -56,6 +57,17 @@ def test_pipeline_is_the_ground_floor():
                                             if i.split(".")[0] in ("model", "cli"))
            for p in (ROOT / "pipeline").rglob("*.py")}
     assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_serve_stands_on_model_and_pipeline_only():
+    """The service imports the model and the plumbing, never a command of ``cli/``."""
+    bad = {str(p.relative_to(ROOT)): sorted(i for i in imports(p)
+                                            if i.split(".")[0] in ("cli", "orchestration"))
+           for p in (ROOT / "serve").rglob("*.py")}
+    assert {k: v for k, v in bad.items() if v} == {}
+    below = [p for floor in ("pipeline", "model", "stages", "cli")
+             for p in (ROOT / floor).rglob("*.py")]
+    assert not any(i.startswith("serve") for p in below for i in imports(p))
 
 
 def test_no_import_cycle():

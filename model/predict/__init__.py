@@ -2,6 +2,8 @@
 
 Modules:
     predictor: loading a model and predicting relations for query sentences.
+    predictions: what a prediction returns, and one record per query.
+    records: support and query records (files' lines, request bodies) read for the predictor.
     abstain: when a prediction abstains, by a cutoff read from the validation relations.
     sentences: the input formats a user hands in.
     config: the ``active_labelling`` params section and the strategies' names, a schema that

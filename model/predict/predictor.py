@@ -40,7 +40,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from model.encoder.frozen_cache import encode_all
@@ -50,7 +49,8 @@ from model.files.score_quantiles import ScoreQuantiles
 from model.files.suspicion_cutoff import SuspicionCutoff
 from model.methods.base import FewShotModel
 from model.posterior.shots import head_logits, padded_support
-from model.predict.abstain import AbstainRule, check_request, make_rule, written_scores
+from model.predict.abstain import AbstainRule, check_request, make_rule
+from model.predict.predictions import Predictions
 from model.predict.sentences import parse_sentence, sentences_table
 from model.predict.summary import SupportSummary, unread_descriptions
 from model.predict.support_check import SupportCheck, check_support
@@ -100,72 +100,31 @@ def refuse_non_finite(tensors: Mapping[str, torch.Tensor]) -> None:
             "rate) or use an earlier checkpoint")
 
 
-@dataclass
-class Predictions:
-    """Results of :meth:`Predictor.predict` for Q queries over the N ``relations``.
+@dataclass(frozen=True)
+class SupportState:
+    """A support set as :meth:`Predictor.set_support` left it: what :meth:`Predictor.predict`
+    reads, so one predictor can answer several support sets in turn
+    (:meth:`Predictor.support_state`, :meth:`Predictor.use_support`).
 
     Attributes:
-        relations: the candidate relations, in column order of ``probs``.
-        probs: (Q, N) predictive probabilities (rows sum to 1).
-        scores: (Q,) per uncertainty score that applies (:data:`SCORES` order; larger is
-            less sure).
-        rule: which queries abstain (:class:`~model.predict.abstain.AbstainRule`).
+        summary: what each candidate relation got (:class:`SupportSummary`).
+        episode: the padded support (1, N, K, D), the prior means (1, N, D) or None, and each
+            way's count (1, N).
+        check: each support sentence's suspicion.
+        encodings: (sum K, D) each support sentence's encoding, once.
     """
 
-    relations: list[str]
-    probs: np.ndarray
-    scores: dict[str, np.ndarray]
-    rule: AbstainRule
-
-    def __len__(self) -> int:
-        return len(self.probs)
+    summary: SupportSummary
+    episode: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]
+    check: SupportCheck
+    encodings: torch.Tensor
 
     @property
-    def best(self) -> list[str]:
-        """The most probable relation of every query (abstaining or not)."""
-        return [self.relations[i] for i in self.probs.argmax(1)]
-
-    @property
-    def confidence(self) -> np.ndarray:
-        return self.probs.max(1)
-
-    @property
-    def entropy(self) -> np.ndarray:
-        """(Q,) predictive entropy in nats."""
-        return self.scores["entropy"]
-
-    @property
-    def mutual_information(self) -> np.ndarray:
-        """(Q,) mutual information between prediction and prototypes in nats (0 for a head
-        without posterior samples)."""
-        return self.scores.get("mutual_information", np.zeros(len(self)))
-
-    @property
-    def abstain_score(self) -> np.ndarray | None:
-        """(Q,) the score the rule compares (None when it never abstains for lack of one)."""
-        return None if self.rule.score is None else self.scores[self.rule.score]
-
-    @property
-    def abstain(self) -> np.ndarray:
-        return self.rule.abstain(self.scores, self.confidence)
-
-    @property
-    def labels(self) -> list[str | None]:
-        """The prediction of every query, None where it abstains ("none of these")."""
-        return [None if a else b for a, b in zip(self.abstain, self.best, strict=True)]
-
-    def records(self) -> list[dict[str, Any]]:
-        """One plain dict per query (JSON-ready; a score that does not apply is None), each
-        score written as what its name says (``top_prob``: the top probability,
-        :func:`~model.predict.abstain.written_scores`)."""
-        scores = written_scores(self.scores, self.rule, len(self))
-        return [
-            {"prediction": label, "best": best, "confidence": float(conf), "abstain": bool(a),
-             **scores[i],
-             "probabilities": {r: float(p) for r, p in zip(self.relations, row, strict=True)}}
-            for i, (label, best, conf, a, row) in enumerate(zip(
-                self.labels, self.best, self.confidence, self.abstain, self.probs, strict=True))
-        ]
+    def nbytes(self) -> int:
+        """The bytes its tensors hold (what a cache of support sets counts)."""
+        sup, h, counts = self.episode
+        return sum(t.numel() * t.element_size() for t in (sup, counts, self.encodings)
+                   if t is not None) + (0 if h is None else h.numel() * h.element_size())
 
 
 class Predictor:
@@ -317,6 +276,21 @@ class Predictor:
                                       notes=notes, texts=texts)
         self.abstain_rule()  # an abstain score this checkpoint lacks stops here
         return self.summary
+
+    def support_state(self) -> SupportState:
+        """The current support set, to come back to with :meth:`use_support`."""
+        if self._support is None or self.summary is None or self.support_check is None \
+                or self.support_encodings is None:
+            raise PipelineError("no support set; call set_support first")
+        return SupportState(self.summary, self._support, self.support_check,
+                            self.support_encodings)
+
+    def use_support(self, state: SupportState) -> None:
+        """Predict against ``state`` (a support set this predictor encoded) from now on; the
+        posterior samples are drawn afresh from it and the seed, so the answers are those
+        :meth:`set_support` gave."""
+        self.summary, self._support = state.summary, state.episode
+        self.support_check, self.support_encodings = state.check, state.encodings
 
     def abstain_rule(self) -> AbstainRule:
         """Which queries of the current support abstain (:mod:`model.predict.abstain`): the

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BELOW = ("pipeline", "model", "stages", "cli")
+BELOW = ("pipeline", "model", "stages", "cli", "serve")
 
 
 def imported(path: Path) -> set[str]:
