@@ -1,0 +1,136 @@
+"""The regrab-scheduled flow on the tiny project, through a temporary Prefect server.
+
+The tiny project trains no REGRAB model, so the champion's scoring (scripts/paired_runs.py on
+real checkpoints) is replaced here by a task that returns a synthetic paired table; the gate
+itself (pipeline.gate.decide) is the real one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from prefect import task
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+from orchestration import scheduled
+from pipeline.gate import decide
+from tests.orchestration.test_outcome import Receiver
+
+pytestmark = pytest.mark.slow  # several flow runs with dvc subprocesses: about a minute
+
+PROMOTE = """\
+promote:
+  benchmarks: [nyt25]
+  settings: [5w1s]
+  headline_margin: 0.0
+  setting_margin: 2.0
+  episodes: 0
+  webhook: ''
+"""
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()
+
+
+def set_param(repo: Path, old: str, new: str) -> None:
+    (repo / "params.yaml").write_text((repo / "params.yaml").read_text().replace(old, new))
+    git(repo, "commit", "-qam", f"params: {new.strip()}")
+
+
+def artifacts(key: str) -> list:
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+
+
+def task_names(run_id) -> set[str]:
+    with get_client(sync_client=True) as client:
+        return {t.name.rsplit("-", 1)[0] if t.name.count("-") > 1 else t.name
+                for t in client.read_task_runs() if t.flow_run_id == run_id}
+
+
+@pytest.fixture
+def repo(tiny_repo: Path) -> Path:
+    (tiny_repo / ".gitignore").write_text(".prefect-run/\nfetch_attempts.txt\n*_dask.txt\n")
+    (tiny_repo / "params.yaml").write_text((tiny_repo / "params.yaml").read_text() + PROMOTE)
+    git(tiny_repo, "commit", "-qam", "promote section")
+    return tiny_repo
+
+
+def falling(ws, champion, cfg):
+    """A challenger whose 5w1s falls 3 points on every split."""
+    cell = {"a": 80.0, "b": 77.0, "diff": -3.0, "ci95": 0.2, "episode_ci95": 0.5,
+            "per_split": {"split_0": -3.1, "split_1": -2.9}}
+    return decide({"nyt25": {"regrab": {"5w1s": cell}}}, cfg)
+
+
+def test_promote_then_nothing_new_then_not_promoted(prefect_server, repo: Path, monkeypatch):
+    with Receiver() as hook:
+        first = scheduled.scheduled_retrain(repo_dir=str(repo), webhook=hook.url,
+                                            return_state=True)
+        assert first.is_completed() and first.message == "promoted (gate: no champion)"
+        promoted = git(repo, "rev-parse", "HEAD")
+        assert git(repo, "tag", "--points-at", promoted).split() == ["regrab#prod#1",
+                                                                    "regrab@v0.1.0"]
+        assert sorted(git(repo, "show", "--name-only", "--format=", promoted).split()) == [
+            ".gitignore", "dvc.lock", "metrics/tiny.json"]
+        assert not any((repo / ".prefect-run" / "workspaces").iterdir())
+        assert "retrain/" not in git(repo, "branch")
+        assert not (repo / "model.txt").exists()  # made in the workspace, never here
+        (metrics,) = [a for a in artifacts("regrab-tiny-metrics")]
+        assert "written by stage evaluate in this run" in metrics.description
+        assert hook.received[-1][1]["decision"] == "promoted"
+
+        start = time.monotonic()
+        second = scheduled.scheduled_retrain(repo_dir=str(repo), webhook=hook.url,
+                                             return_state=True)
+        assert second.is_completed() and second.message.startswith("nothing new")
+        assert time.monotonic() - start < 60
+        assert task_names(second.state_details.flow_run_id) == {"prepare-workspace",
+                                                                "check-new"}
+        assert len(artifacts("regrab-tiny-metrics")) == 1  # nothing new published
+        assert git(repo, "rev-parse", "HEAD") == promoted
+
+        set_param(repo, "scale: 2", "scale: 3")
+        moved = git(repo, "rev-parse", "HEAD")
+        monkeypatch.setattr(scheduled, "score_champion",
+                            task(name="score-champion")(falling))
+        third = scheduled.scheduled_retrain(repo_dir=str(repo), webhook=hook.url,
+                                            return_state=True)
+        assert third.is_completed() and third.name == "Not promoted"
+        assert third.message.startswith("not promoted: nyt25 headline -3.00 ± 1.27 points")
+        assert third.message.endswith("; nyt25 5w1s -3.00 points, below -2")
+        assert git(repo, "rev-parse", "HEAD") == moved  # the user's branch stays
+        assert "regrab@v0.2.0" not in git(repo, "tag")
+        (branch,) = [b.strip() for b in git(repo, "branch").splitlines() if "retrain/" in b]
+        assert "dvc.lock" in git(repo, "show", "--name-only", "--format=", branch)
+        (gate,) = artifacts("regrab-gate")
+        assert "not promoted" in gate.description
+        payload = hook.received[-1][1]
+        assert payload["decision"] == "not promoted"
+        assert [r["setting"] for r in payload["table"]] == ["5w1s", "headline"]
+        assert len(artifacts("regrab-tiny-metrics")) == 2  # the third run's own
+
+
+def test_a_failed_run_publishes_the_stage_not_the_committed_metrics(prefect_server,
+                                                                       repo: Path):
+    set_param(repo, "fail: false", "fail: true")
+    before = len(artifacts("regrab-tiny-metrics"))
+    with Receiver() as hook:
+        state = scheduled.scheduled_retrain(repo_dir=str(repo), webhook=hook.url,
+                                            return_state=True)
+    assert state.is_failed()
+    assert "failed at train" in state.message and "kept for inspection" in state.message
+    (kept,) = (repo / ".prefect-run" / "workspaces").iterdir()
+    assert (kept / "dvc.yaml").is_file()
+    assert len(artifacts("regrab-tiny-metrics")) == before
+    summary = artifacts("regrab-scheduled-summary")[0]
+    assert "failed at stage `train`" in summary.data
+    assert hook.received[-1][1]["decision"] == "failed"
+    assert hook.received[-1][1]["stage"] == "train"
