@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -47,8 +45,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact  #
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.states import Completed  # noqa: E402
 
-from orchestration import dvc_access, outcome, workspace  # noqa: E402
-from orchestration.dvc_access import StageError, plan_stages, repo_root  # noqa: E402
+from orchestration import champion_gate, dvc_access, outcome, workspace  # noqa: E402
+from orchestration.dvc_access import plan_stages, repo_root  # noqa: E402
 from orchestration.flows import (  # noqa: E402
     CLUSTER_STAGES,
     DASK_ADDRESS_ENV,
@@ -57,16 +55,13 @@ from orchestration.flows import (  # noqa: E402
 )
 from orchestration.workspace import Workspace  # noqa: E402
 from pipeline import registry  # noqa: E402
-from pipeline.config import load_benchmarks, load_section  # noqa: E402
+from pipeline.config import load_section  # noqa: E402
 from pipeline.errors import PipelineError, run_cli  # noqa: E402
-from pipeline.gate import WEBHOOK_ENV, Decision, PromoteConfig, decide  # noqa: E402
-from pipeline.report import REFERENCE  # noqa: E402
+from pipeline.gate import WEBHOOK_ENV, Decision, PromoteConfig  # noqa: E402
 
 FLOW_NAME = "regrab-scheduled"
 #: Files whose change since the promoted version makes a run worth doing, stale or not.
 RECORDS = ("dvc.yaml", "dvc.lock", "params.yaml")
-#: Where the champion's models are copied in the workspace, and the paired tables written.
-CHAMPION_DIR = Path(".regrab") / "champion"
 
 
 @task(name="prepare-workspace", cache_policy=NO_CACHE, persist_result=False)
@@ -117,46 +112,11 @@ def check_new(ws: Workspace, champion: registry.Version | None) -> str | None:
     return None
 
 
-def champion_models(ws: Workspace, champion: registry.Version, bench: str,
-                    splits: Path) -> Path:
-    """The champion's REGRAB models of ``bench``, one per split the workspace has."""
-    dest = ws.path / CHAMPION_DIR / bench
-    for split in sorted(p.name for p in splits.glob("split_*")):
-        ref = registry.Ref(registry.NAME, champion.version, None, f"{bench}/{split}/{REFERENCE}")
-        registry.checkout(ws.path, ref, dest / split / REFERENCE)
-    return dest
-
-
 @task(name="score-champion", cache_policy=NO_CACHE, persist_result=False)
 def score_champion(ws: Workspace, champion: registry.Version | None,
                    cfg: PromoteConfig) -> Decision:
     """The paired table of champion (A) against challenger (B), and the gate on it."""
-    logger = get_run_logger()
-    if champion is None:
-        return decide(None, cfg)
-    benches = load_benchmarks(ws.path / "params.yaml")
-    tables: dict[str, Any] = {}
-    for bench in cfg.benchmarks:
-        if bench not in benches:
-            raise PipelineError(f"promote.benchmarks names {bench}, which the benchmarks "
-                                f"section lacks ({', '.join(benches)})")
-        splits = ws.path / benches[bench].splits
-        a = champion_models(ws, champion, bench, splits)
-        out = ws.path / CHAMPION_DIR / f"paired_{bench}.json"
-        cmd = [sys.executable, "scripts/paired_runs.py", "--splits", str(splits), "--a", str(a),
-               "--b", str(ws.path / registry.MODELS_DIR / bench), "--methods", REFERENCE,
-               "--settings", ",".join(cfg.settings), "--episodes", str(cfg.episodes),
-               "--params", "params.yaml", "--out", str(out)]
-        logger.info("$ %s", " ".join(cmd))
-        env = {**dvc_access.dvc_env(), "PYTHONPATH": str(ws.path)}
-        done = subprocess.run(cmd, cwd=ws.path, env=env, capture_output=True, text=True)
-        for line in done.stdout.splitlines():
-            logger.info(line)
-        if done.returncode != 0:
-            raise StageError(f"scoring {champion.tag} against this run on {bench} failed: "
-                             f"{done.stderr.strip().splitlines()[-1:]}")
-        tables[bench] = json.loads(out.read_text())
-    return decide(tables, cfg)
+    return champion_gate.score(ws, champion, cfg, get_run_logger().info)
 
 
 @task(name="promote", cache_policy=NO_CACHE, persist_result=False)
