@@ -50,6 +50,9 @@ from orchestration.dvc_access import plan_stages, repo_root  # noqa: E402
 from orchestration.flows import (  # noqa: E402
     CLUSTER_STAGES,
     DASK_ADDRESS_ENV,
+    NETWORK_RETRIES,
+    NETWORK_RETRY_DELAY_S,
+    NETWORK_STAGES,
     artifact_key,
     metric_rows,
 )
@@ -67,8 +70,12 @@ RECORDS = ("dvc.yaml", "dvc.lock", "params.yaml")
 @task(name="prepare-workspace", cache_policy=NO_CACHE, persist_result=False)
 def prepare_workspace(root: str, run_name: str) -> Workspace:
     """A git worktree of HEAD sharing the DVC cache (``orchestration.workspace.create``)."""
+    logger = get_run_logger()
     ws = workspace.create(Path(root), run_name)
-    get_run_logger().info("workspace %s on branch %s at %s", ws.path, ws.branch, ws.start[:12])
+    logger.info("workspace %s on branch %s at %s", ws.path, ws.branch, ws.start[:12])
+    done = workspace.dvc(ws.path, "checkout", check=False)  # the cache's files, hard-linked
+    if done.returncode != 0:
+        logger.info("dvc checkout: some outputs are not in the DVC cache; their stages run")
     return ws
 
 
@@ -90,18 +97,20 @@ def run_stage(ws_path: str, stage: str, cluster: str | None = None) -> tuple[flo
     return time.perf_counter() - start, bool(ran)
 
 
-def stage_task(stage: str) -> Any:
-    return run_stage.with_options(name=f"stage-{stage}", task_run_name=stage)
+def stage_task(stage: str, network: bool = False) -> Any:
+    """``run_stage`` named after ``stage``; retried when it touches the network (``fetch``, a
+    check of moving sources)."""
+    retries = NETWORK_RETRIES if network or stage in NETWORK_STAGES else 0
+    return run_stage.with_options(name=f"stage-{stage}", task_run_name=stage, retries=retries,
+                                  retry_delay_seconds=NETWORK_RETRY_DELAY_S if retries else 0)
 
 
 @task(name="check-new", cache_policy=NO_CACHE, persist_result=False)
-def check_new(ws: Workspace, champion: registry.Version | None) -> str | None:
-    """Why this run has work to do, or None when there is nothing new."""
-    logger = get_run_logger()
-    done = workspace.dvc(ws.path, "checkout", check=False)  # the cache's files, hard-linked
-    if done.returncode != 0:
-        logger.info("dvc checkout: some outputs are not in the DVC cache; their stages run")
-    stale = workspace.stale_stages(ws, workspace.always_changed(ws))
+def check_new(ws: Workspace, champion: registry.Version | None,
+              sources: list[str]) -> str | None:
+    """Why this run has work to do, or None when there is nothing new (``sources``: the
+    ``always_changed`` stages, which have run already)."""
+    stale = workspace.stale_stages(ws, sources)
     if stale:
         return "stale stages: " + ", ".join(sorted(stale))
     if champion is None:
@@ -201,22 +210,31 @@ def scheduled_retrain(repo_dir: str = ".", cluster: str | None = None,
         champion = None
     ws = prepare_workspace(str(root), run)
     started = time.monotonic()
-    why = check_new(ws, champion)
-    if why is None:
-        workspace.remove(ws, keep_branch=False)
-        message = (f"nothing new: every stage is up to date and {champion.tag} is HEAD's "
-                   f"pipeline ({time.monotonic() - started:.0f} s)")
-        logger.info(message)
-        return Completed(message=message)
-    logger.info("work to do: %s", why)
     durations: dict[str, float] = {}
     ran: set[str] = set()
-    stage = "plan"
     planned_stages = []
+    stage = "sources"
     try:
+        sources = workspace.always_changed(ws)
+        for stage in sources:  # a check of moving sources: before dvc status can say anything
+            durations[stage], did = stage_task(stage, network=True)(str(ws.path), stage, cluster)
+            if did:
+                ran.add(stage)
+        stage = "check-new"
+        why = check_new(ws, champion, sources)
+        if why is None:
+            workspace.remove(ws, keep_branch=False)
+            message = (f"nothing new: every stage is up to date and {champion.tag} is HEAD's "
+                       f"pipeline ({time.monotonic() - started:.0f} s)")
+            logger.info(message)
+            return Completed(message=message)
+        logger.info("work to do: %s", why)
+        stage = "plan"
         planned_stages = plan_stages(ws.path)
         for planned in planned_stages:
             stage = planned.name
+            if stage in sources:
+                continue
             durations[stage], did = stage_task(stage)(str(ws.path), stage, cluster)
             if did:
                 ran.add(stage)

@@ -71,6 +71,7 @@ def falling(ws, champion, cfg):
 
 
 def test_promote_then_nothing_new_then_not_promoted(prefect_server, repo: Path, monkeypatch):
+    base = len(artifacts("regrab-tiny-metrics"))  # other tests of the session publish it too
     with Receiver() as hook:
         first = scheduled.scheduled_retrain(repo_dir=str(repo), webhook=hook.url,
                                             return_state=True)
@@ -83,7 +84,8 @@ def test_promote_then_nothing_new_then_not_promoted(prefect_server, repo: Path, 
         assert not any((repo / ".prefect-run" / "workspaces").iterdir())
         assert "retrain/" not in git(repo, "branch")
         assert not (repo / "model.txt").exists()  # made in the workspace, never here
-        (metrics,) = [a for a in artifacts("regrab-tiny-metrics")]
+        assert len(artifacts("regrab-tiny-metrics")) == base + 1
+        metrics = max(artifacts("regrab-tiny-metrics"), key=lambda a: a.created)
         assert "written by stage evaluate in this run" in metrics.description
         assert hook.received[-1][1]["decision"] == "promoted"
 
@@ -94,7 +96,7 @@ def test_promote_then_nothing_new_then_not_promoted(prefect_server, repo: Path, 
         assert time.monotonic() - start < 60
         assert task_names(second.state_details.flow_run_id) == {"prepare-workspace",
                                                                 "check-new"}
-        assert len(artifacts("regrab-tiny-metrics")) == 1  # nothing new published
+        assert len(artifacts("regrab-tiny-metrics")) == base + 1  # nothing new published
         assert git(repo, "rev-parse", "HEAD") == promoted
 
         set_param(repo, "scale: 2", "scale: 3")
@@ -110,12 +112,12 @@ def test_promote_then_nothing_new_then_not_promoted(prefect_server, repo: Path, 
         assert "regrab@v0.2.0" not in git(repo, "tag")
         (branch,) = [b.strip() for b in git(repo, "branch").splitlines() if "retrain/" in b]
         assert "dvc.lock" in git(repo, "show", "--name-only", "--format=", branch)
-        (gate,) = artifacts("regrab-gate")
+        gate = max(artifacts("regrab-gate"), key=lambda a: a.created)
         assert "not promoted" in gate.description
         payload = hook.received[-1][1]
         assert payload["decision"] == "not promoted"
         assert [r["setting"] for r in payload["table"]] == ["5w1s", "headline"]
-        assert len(artifacts("regrab-tiny-metrics")) == 2  # the third run's own
+        assert len(artifacts("regrab-tiny-metrics")) == base + 2  # the third run's own
 
 
 def test_a_failed_run_publishes_the_stage_not_the_committed_metrics(prefect_server,
@@ -130,7 +132,52 @@ def test_a_failed_run_publishes_the_stage_not_the_committed_metrics(prefect_serv
     (kept,) = (repo / ".prefect-run" / "workspaces").iterdir()
     assert (kept / "dvc.yaml").is_file()
     assert len(artifacts("regrab-tiny-metrics")) == before
-    summary = artifacts("regrab-scheduled-summary")[0]
+    summary = max(artifacts("regrab-scheduled-summary"), key=lambda a: a.created)
     assert "failed at stage `train`" in summary.data
     assert hook.received[-1][1]["decision"] == "failed"
     assert hook.received[-1][1]["stage"] == "train"
+
+
+CHECK = """\
+import os
+from pathlib import Path
+Path("sources.txt").write_text(Path(os.environ["TINY_SOURCE"]).read_text())
+"""
+
+
+def passing(ws, champion, cfg):
+    """A challenger level with the champion (none at first)."""
+    if champion is None:
+        return decide(None, cfg)
+    cell = {"a": 80.0, "b": 80.0, "diff": 0.0, "ci95": 0.1, "episode_ci95": 0.5,
+            "per_split": {"split_0": 0.0, "split_1": 0.0}}
+    return decide({"nyt25": {"regrab": {"5w1s": cell}}}, cfg)
+
+
+def test_a_moved_source_is_new_work(prefect_server, repo: Path, tmp_path: Path, monkeypatch):
+    """The sources check (always_changed) runs first; only a changed source makes work."""
+    source = tmp_path / "upstream.txt"
+    source.write_text("release 1\n")
+    monkeypatch.setenv("TINY_SOURCE", str(source))
+    (repo / "check.py").write_text(CHECK)
+    dvc_yaml = (repo / "dvc.yaml").read_text().replace(
+        "  fetch:\n    cmd: python fetch.py\n    deps: [fetch.py]\n",
+        "  check_sources:\n    cmd: python check.py\n    always_changed: true\n"
+        "    outs:\n      - sources.txt:\n          cache: false\n"
+        "  fetch:\n    cmd: python fetch.py\n    deps: [fetch.py, sources.txt]\n")
+    (repo / "dvc.yaml").write_text(dvc_yaml)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "check the sources")
+    monkeypatch.setattr(scheduled, "score_champion", task(name="score-champion")(passing))
+
+    first = scheduled.scheduled_retrain(repo_dir=str(repo), return_state=True)
+    assert first.message == "promoted (gate: no champion)"
+    same = scheduled.scheduled_retrain(repo_dir=str(repo), return_state=True)
+    assert same.message.startswith("nothing new"), same.message
+    assert task_names(same.state_details.flow_run_id) == {"prepare-workspace", "check_sources",
+                                                          "check-new"}
+    source.write_text("release 2\n")
+    moved = scheduled.scheduled_retrain(repo_dir=str(repo), return_state=True)
+    assert moved.message == "promoted (gate: passed)"
+    assert git(repo, "show", "HEAD:sources.txt") == "release 2"
+    assert "regrab#prod#2" in git(repo, "tag", "--points-at", "HEAD").split()
