@@ -32,6 +32,20 @@ CHAMPION_DIR = Path(".regrab") / "champion"
 PAIRED_RUNS = Path("scripts") / "paired_runs.py"
 
 
+def check_benchmarks(params: Path, cfg: PromoteConfig) -> None:
+    """Refuse ``promote.benchmarks`` that ``benchmarks`` lacks, before hours of training.
+
+    Raises:
+        PipelineError: naming the unknown benchmark and the known ones.
+    """
+    benches = load_benchmarks(params)
+    unknown = [b for b in cfg.benchmarks if b not in benches]
+    if unknown:
+        raise PipelineError(f"promote.benchmarks names {', '.join(unknown)}, which the "
+                            f"benchmarks section of {params} lacks ({', '.join(benches)}); "
+                            "list benchmarks the pipeline trains")
+
+
 def champion_models(ws: Workspace, champion: registry.Version, bench: str,
                     splits: Path) -> Path:
     """The champion's REGRAB models of ``bench``, one per split the workspace has."""
@@ -73,12 +87,10 @@ def score(ws: Workspace, champion: registry.Version | None, cfg: PromoteConfig,
     """
     if champion is None:
         return decide(None, cfg)
+    check_benchmarks(ws.path / "params.yaml", cfg)
     benches = load_benchmarks(ws.path / "params.yaml")
     tables: dict[str, Any] = {}
     for bench in cfg.benchmarks:
-        if bench not in benches:
-            raise PipelineError(f"promote.benchmarks names {bench}, which the benchmarks "
-                                f"section lacks ({', '.join(benches)})")
         splits = ws.path / benches[bench].splits
         champion_dir = champion_models(ws, champion, bench, splits)
         log(f"{champion.tag}'s {bench} models copied to {champion_dir}")

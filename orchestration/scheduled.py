@@ -58,7 +58,7 @@ from orchestration.flows import (  # noqa: E402
 )
 from orchestration.workspace import Workspace  # noqa: E402
 from pipeline import registry  # noqa: E402
-from pipeline.config import load_section  # noqa: E402
+from pipeline.config import load_params, load_section  # noqa: E402
 from pipeline.errors import PipelineError, run_cli  # noqa: E402
 from pipeline.gate import WEBHOOK_ENV, Decision, PromoteConfig  # noqa: E402
 
@@ -182,6 +182,19 @@ def publish(ws: Workspace, run: str, ran: set[str], verdict: str, lines: list[st
     return published
 
 
+def check_promote(root: Path) -> PromoteConfig:
+    """The ``promote`` section, its benchmarks checked against the pipeline's (when it has a
+    ``benchmarks`` section); before anything runs.
+
+    Raises:
+        PipelineError: the section is missing or bad, or names a benchmark not trained.
+    """
+    cfg = load_section(PromoteConfig, "promote", root / "params.yaml")
+    if "benchmarks" in load_params(root / "params.yaml"):  # the REGRAB pipeline's models
+        champion_gate.check_benchmarks(root / "params.yaml", cfg)
+    return cfg
+
+
 @flow(name=FLOW_NAME, log_prints=True)
 def scheduled_retrain(repo_dir: str = ".", cluster: str | None = None,
                       webhook: str | None = None) -> Any:
@@ -201,7 +214,7 @@ def scheduled_retrain(repo_dir: str = ".", cluster: str | None = None,
 
     logger = get_run_logger()
     root = repo_root(repo_dir)
-    cfg = load_section(PromoteConfig, "promote", root / "params.yaml")
+    cfg = check_promote(root)
     url = webhook or os.environ.get(WEBHOOK_ENV) or cfg.webhook
     run = workspace.safe_name(f"{flow_run.get_name() or 'run'}-{str(flow_run.get_id())[:6]}")
     try:
@@ -285,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"POST the decision here (default: env {WEBHOOK_ENV}, then "
                              "promote.webhook)")
     args = parser.parse_args(argv)
-    repo_root(args.repo_dir)
+    check_promote(repo_root(args.repo_dir))  # one error line, before Prefect starts a server
     state = scheduled_retrain(repo_dir=args.repo_dir, cluster=args.cluster,
                               webhook=args.webhook, return_state=True)
     print(f"{state.name}: {state.message}")

@@ -105,3 +105,19 @@ def test_a_webhook_that_fails_is_logged_not_raised():
     assert not notify(down.url, {"run": "r"}, logged.append, timeout_s=2)  # nothing listens
     assert "failed" in logged[0]
     assert not notify("", {"run": "r"}, logged.append)  # none configured: nothing sent
+
+
+def test_promote_benchmarks_must_be_trained_ones(tmp_path):
+    import yaml
+
+    from orchestration.champion_gate import check_benchmarks
+    from pipeline.errors import PipelineError
+    from pipeline.gate import PromoteConfig
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"benchmarks": {"nyt25": {"splits": "s", "title": "t"}}}))
+    cfg = PromoteConfig(benchmarks=("nyt25", "fewrel"), settings=("5w1s",), headline_margin=0,
+                        setting_margin=2, episodes=0, webhook="")
+    with pytest.raises(PipelineError, match="promote.benchmarks names fewrel"):
+        check_benchmarks(params, cfg)
+    check_benchmarks(params, PromoteConfig(**{**cfg.__dict__, "benchmarks": ("nyt25",)}))
