@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: repro push test test-slow lint clean-venv prefect-server prefect-serve prefect-run prefect-stop \
+.PHONY: repro push test test-slow lint clean-venv prefect-server prefect-worker prefect-run prefect-stop \
 	encoder-mpnet gpu-pack gpu-table
 
 $(STAMP): pyproject.toml constraints.txt
@@ -47,14 +47,15 @@ lint: $(STAMP)
 clean-venv:
 	rm -rf $(VENV)
 
-# Scheduled retrains (docs/scheduled-retrains.md): server, serve the deployment, trigger, stop.
+# Scheduled retrains (docs/scheduled-retrains.md): server, work pool + deployments + worker,
+# trigger, stop.
 STACK := PYTHON=$(abspath $(BIN))/python scripts/prefect_stack.sh
 
 prefect-server: $(STAMP)
 	$(STACK) server-start
 
-prefect-serve: $(STAMP)
-	$(STACK) serve-start $(SERVE_ARGS)
+prefect-worker: $(STAMP)
+	$(STACK) worker-start $(DEPLOY_ARGS)
 
 prefect-run: $(STAMP)
 	$(STACK) run $(RUN_ARGS)

@@ -1,18 +1,31 @@
-"""Deployment ``regrab-retrain/scheduled``: serve the retrain flow on a cron schedule.
+"""Deployments on the work pool ``regrab``: the weekly retrain, and experiments on demand.
 
-Start a Prefect server first (``scripts/prefect_stack.sh server-start``), then::
+Prefect runs deployments in production through a work pool and a worker: the deployment says
+what to run and when, the worker (``prefect worker start --pool regrab``, a process of its own)
+polls the pool and runs each flow run in a subprocess. ``scripts/prefect_stack.sh`` creates
+the pool, calls this module and starts the worker (``make prefect-worker``); by hand::
 
+    prefect work-pool create regrab --type process
     PREFECT_API_URL=http://127.0.0.1:4200/api python -m orchestration.deploy \\
         [--cron "0 3 * * 1"] [--timezone UTC] [--repo-dir .] [--cluster tcp://HOST:8786]
+    prefect worker start --pool regrab
 
-The process registers the deployment, then stays in the foreground and runs each
-scheduled or triggered flow run in a subprocess (``flow.serve``). One run at a time:
-two DVC runs in one workspace would fight over its lock. On Ctrl-C / SIGTERM it stops
-and pauses the schedule, so nothing piles up while no one serves it.
+Two deployments are registered, each loaded from this project's folder
+(``flow.from_source(<project>, entrypoint)``: offline, no image, no git remote):
 
-``--cluster`` sets the deployment's ``cluster`` parameter: the Dask scheduler the
-parse, training and scoring stages run on (checked for its form here, for an answer at run time;
-a triggered run can override it with ``--param cluster=...``).
+- ``regrab-scheduled/weekly``: ``orchestration.scheduled`` on the cron schedule;
+- ``regrab-retrain/experiment``: ``orchestration.flows``, no schedule, triggered with
+  ``--param overrides=...`` to record a DVC experiment in ``repo_dir``.
+
+Each has a concurrency limit of 1 with the collision strategy ``CANCEL_NEW``: a run triggered
+while another of the same deployment runs is Cancelled at once instead of running beside it
+(two runs in one workspace would fight over DVC's lock, and queued weekly runs would only
+repeat each other). Unlike ``flow.serve``, which ignores a deployment's concurrency limit,
+the server enforces this one whichever worker picks the run.
+
+``--cluster`` sets the deployments' ``cluster`` parameter: the Dask scheduler the parse,
+training and scoring stages run on (only its form is checked here; it may be down now and up
+at 03:00; a triggered run can override it with ``--param cluster=...``).
 """
 
 from __future__ import annotations
@@ -24,15 +37,25 @@ import urllib.request
 from pathlib import Path
 
 from orchestration.dvc_access import repo_root
-from orchestration.flows import DASK_ADDRESS_ENV, check_cluster, retrain
+from orchestration.flow_command import DASK_ADDRESS_ENV
+from pipeline.cluster import check_cluster
 from pipeline.errors import PipelineError, run_cli
 
-DEPLOYMENT_NAME = "scheduled"
+#: The work pool the deployments run on (a process pool: runs are subprocesses of the worker).
+POOL = "regrab"
+WEEKLY = "weekly"
+EXPERIMENT = "experiment"
 #: Weekly, Monday 03:00: the fetch stage sees the week's new data; nobody waits on it.
 DEFAULT_CRON = "0 3 * * 1"
 CRON_ENV = "REGRAB_RETRAIN_CRON"
 TIMEZONE_ENV = "REGRAB_RETRAIN_TZ"
 REPO_ENV = "REGRAB_REPO_DIR"
+#: The folder the flows' code is loaded from: this project.
+PROJECT = Path(__file__).resolve().parents[1]
+ENTRYPOINTS = {
+    WEEKLY: "orchestration/scheduled.py:scheduled_retrain",
+    EXPERIMENT: "orchestration/flows.py:retrain",
+}
 
 
 def check_server(api_url: str | None, timeout_s: float = 5.0) -> str:
@@ -60,46 +83,56 @@ def check_server(api_url: str | None, timeout_s: float = 5.0) -> str:
     raise PipelineError(f"Prefect server at {url} is unhealthy; check its log")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse options, check the server and the repo, then serve until interrupted."""
+def check_pool(name: str) -> None:
+    """Raise unless the work pool ``name`` exists on the server."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(name)
+        except ObjectNotFound:
+            raise PipelineError(f"work pool '{name}' does not exist; create it with prefect "
+                                f"work-pool create {name} --type process (make "
+                                "prefect-worker does)") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m orchestration.deploy",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cron", default=os.environ.get(CRON_ENV, DEFAULT_CRON),
+                        help=f"cron schedule (env {CRON_ENV}; default '{DEFAULT_CRON}')")
+    parser.add_argument("--timezone", default=os.environ.get(TIMEZONE_ENV, "UTC"),
+                        help=f"time zone of the cron schedule (env {TIMEZONE_ENV}; default UTC)")
+    parser.add_argument("--repo-dir", default=os.environ.get(REPO_ENV, "."),
+                        help=f"DVC project the runs work for (env {REPO_ENV}; default .)")
+    parser.add_argument("--paused", action="store_true",
+                        help="register the schedule paused (runs only when triggered)")
+    parser.add_argument("--pool", default=POOL, help=f"work pool (default {POOL})")
+    parser.add_argument("--cluster", default=os.environ.get(DASK_ADDRESS_ENV) or None,
+                        metavar="ADDRESS",
+                        help="Dask scheduler tcp://HOST:PORT for the parse, training and scoring "
+                             f"stages (env {DASK_ADDRESS_ENV}; default: this machine)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, str]:
+    """Check the options, the server and the pool; register both deployments.
+
+    Returns:
+        ``{deployment name: its id}``.
+    """
+    args = build_parser().parse_args(argv)
+    repo_dir = str(repo_root(args.repo_dir))
+    cluster = check_cluster(args.cluster, connect=False)
+
+    from prefect import Flow
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.schedules import Cron
     from prefect.settings import PREFECT_API_URL
-    from prefect.types.entrypoint import EntrypointType
 
-    parser = argparse.ArgumentParser(prog="python -m orchestration.deploy", description=__doc__)
-    parser.add_argument(
-        "--cron",
-        default=os.environ.get(CRON_ENV, DEFAULT_CRON),
-        help=f"cron schedule (env {CRON_ENV}; default '{DEFAULT_CRON}')",
-    )
-    parser.add_argument(
-        "--timezone",
-        default=os.environ.get(TIMEZONE_ENV, "UTC"),
-        help=f"time zone of the cron schedule (env {TIMEZONE_ENV}; default UTC)",
-    )
-    parser.add_argument(
-        "--repo-dir",
-        default=os.environ.get(REPO_ENV, "."),
-        help=f"DVC project the runs work in (env {REPO_ENV}; default .)",
-    )
-    parser.add_argument(
-        "--paused",
-        action="store_true",
-        help="register the schedule paused (runs only when triggered)",
-    )
-    parser.add_argument(
-        "--cluster",
-        default=os.environ.get(DASK_ADDRESS_ENV) or None,
-        metavar="ADDRESS",
-        help=f"Dask scheduler tcp://HOST:PORT for the parse, training and scoring stages "
-        f"(env {DASK_ADDRESS_ENV}; default: this machine)",
-    )
-    args = parser.parse_args(argv)
-
-    repo_dir = str(repo_root(args.repo_dir))
-    # The cluster may be down now and up at 03:00: only its form is checked here.
-    cluster = check_cluster(args.cluster, connect=False)
     check_server(PREFECT_API_URL.value())
+    check_pool(args.pool)
     try:
         schedule = Cron(args.cron, timezone=args.timezone)
     except ValueError as exc:
@@ -107,26 +140,30 @@ def main(argv: list[str] | None = None) -> None:
             f"invalid schedule '{args.cron}' / time zone '{args.timezone}' ({exc}); "
             "give five cron fields like '0 3 * * 1' and an IANA zone like Europe/Paris"
         ) from exc
-    print(
-        f"serving {retrain.name}/{DEPLOYMENT_NAME} on '{args.cron}' ({args.timezone}) "
-        f"for {repo_dir}",
-        flush=True,
-    )
-    retrain.serve(
-        name=DEPLOYMENT_NAME,
-        schedule=schedule,
-        paused=args.paused,
-        parameters={"overrides": None, "repo_dir": repo_dir, "cluster": cluster},
-        description=(
-            f"Weekly DVC retrain of {Path(repo_dir).name}; "
-            "params: overrides, repo_dir, targets, cluster"
-        ),
-        tags=["regrab", "retrain"],
-        limit=1,
-        # Load the flow by module, not by file path: the runner's subprocess then finds it
-        # through the installed package whatever directory serve was started from.
-        entrypoint_type=EntrypointType.MODULE_PATH,
-    )
+    one_at_a_time = ConcurrencyLimitConfig(
+        limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
+    common = {"work_pool_name": args.pool, "concurrency_limit": one_at_a_time,
+              "build": False, "push": False, "print_next_steps": False,
+              "ignore_warnings": True,
+              "tags": ["regrab", "retrain"]}
+    ids = {}
+    weekly = Flow.from_source(str(PROJECT), ENTRYPOINTS[WEEKLY])
+    ids[f"{weekly.name}/{WEEKLY}"] = str(weekly.deploy(
+        name=WEEKLY, schedule=schedule, paused=args.paused,
+        parameters={"repo_dir": repo_dir, "cluster": cluster},
+        description=(f"Weekly retrain of {Path(repo_dir).name} in a workspace of its own, "
+                     "gated against the promoted models"), **common))
+    experiment = Flow.from_source(str(PROJECT), ENTRYPOINTS[EXPERIMENT])
+    ids[f"{experiment.name}/{EXPERIMENT}"] = str(experiment.deploy(
+        name=EXPERIMENT, parameters={"overrides": None, "repo_dir": repo_dir,
+                                     "cluster": cluster},
+        description=(f"DVC experiment in {Path(repo_dir).name} on demand: "
+                     "--param overrides='{\"train.steps\": 10}'"), **common))
+    for name in ids:
+        print(f"deployed {name} on work pool '{args.pool}' for {repo_dir}"
+              + (f" ('{args.cron}', {args.timezone})" if name.endswith(WEEKLY) else ""),
+              flush=True)
+    return ids
 
 
 if __name__ == "__main__":

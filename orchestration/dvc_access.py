@@ -97,15 +97,11 @@ def plan_stages(
     """
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
-    from dvc.stage import PipelineStage
 
     root = repo_root(repo_dir)
 
     def address(stage: Any) -> str:
-        dvcfile = os.path.relpath(stage.dvcfile.path, root)
-        if isinstance(stage, PipelineStage):
-            return stage.name if dvcfile == "dvc.yaml" else f"{dvcfile}:{stage.name}"
-        return dvcfile
+        return stage_address(stage, root)
 
     try:
         with Repo(str(root)) as repo:
@@ -133,6 +129,16 @@ def plan_stages(
             ]
     except DvcException as exc:
         raise PipelineError(f"DVC cannot read the pipeline in {root}: {exc}; fix dvc.yaml") from exc
+
+
+def stage_address(stage: Any, root: Path) -> str:
+    """The stage's DVC address relative to ``root`` (``train``, or ``sub/dvc.yaml:train``)."""
+    from dvc.stage import PipelineStage
+
+    dvcfile = os.path.relpath(stage.dvcfile.path, root)
+    if isinstance(stage, PipelineStage):
+        return stage.name if dvcfile == "dvc.yaml" else f"{dvcfile}:{stage.name}"
+    return dvcfile
 
 
 def _postorder(graph: Any, start: Any, seen: set[Any], order: list[Any]) -> None:
@@ -274,3 +280,20 @@ def read_metrics(root: Path) -> dict[str, Any]:
         for path, entry in sorted(workspace.get("data", {}).items())
         if isinstance(entry, dict) and "data" in entry
     }
+
+
+def metric_producers(root: Path) -> dict[str, str]:
+    """``{metrics file: the stage that writes it}`` for every metric ``dvc.yaml`` declares.
+
+    Raises:
+        PipelineError: DVC cannot read the pipeline.
+    """
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    try:
+        with Repo(str(root)) as repo:
+            return {os.path.relpath(out.fs_path, root): stage_address(stage, root)
+                    for stage in repo.index.stages for out in stage.outs if out.metric}
+    except DvcException as exc:
+        raise PipelineError(f"DVC cannot read the pipeline in {root}: {exc}; fix dvc.yaml") from exc

@@ -65,7 +65,7 @@ from pipeline.cluster import check_cluster  # noqa: E402
 
 __all__ = ["StageError", "check_cluster", "plan_stages", "retrain", "validate_overrides"]
 
-#: Prefect flow name; the deployment is ``regrab-retrain/scheduled``.
+#: Prefect flow name; its deployment is ``regrab-retrain/experiment`` (orchestration.deploy).
 FLOW_NAME = "regrab-retrain"
 #: Stages that touch the network (HEAD requests, downloads): the only ones retried (a network
 #: blip is worth a retry, a bug in a training stage is not).

@@ -11,7 +11,7 @@ episodes.
 Usage:
     python scripts/paired_runs.py --splits data/benchmarks/fewrel --a models-names/fewrel \
         --b models/fewrel --methods regrab,proto_label --settings 5w0s,5w1s \
-        [--relations names.json] [--out diff.json]
+        [--relations names.json] [--episodes N] [--out diff.json]
 
 Relation descriptions are read as the ``evaluate`` stage reads them (dvc.yaml):
 ``--relations``, by default the pipeline's ``data/raw/fewrel/pid2name.json`` when it exists;
@@ -66,10 +66,16 @@ def main(argv: list[str] | None = None) -> dict:
                              "as the evaluate stage reads them: descriptions of test relations "
                              f"outside a model's graph (default: {RELATIONS} when it exists)")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--episodes", type=int, default=0,
+                        help="test episodes per split and setting, drawn as evaluate draws them "
+                             "(default 0: evaluate.episodes)")
     parser.add_argument("--out", type=Path, default=None, help="JSON of the differences")
     args = parser.parse_args(argv)
     base = load_section(EvalConfig, "evaluate", args.params)
-    cfg = dataclasses.replace(base, methods=tuple(args.methods.split(",")),
+    if args.episodes < 0:
+        raise PipelineError(f"--episodes must be 0 (evaluate's) or more, got {args.episodes}")
+    cfg = dataclasses.replace(base, episodes=args.episodes or base.episodes,
+                              methods=tuple(args.methods.split(",")),
                               settings=tuple(args.settings.split(",")), nota_rates=(),
                               nota_settings=(), floor=False, temperature_episodes=0, splits=())
     set_threads(base.threads)

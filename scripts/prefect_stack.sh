@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Start and stop the local Prefect server and the process serving regrab-retrain/scheduled.
+# Start and stop the local Prefect server, the work pool's worker and the deployments.
 #
 #   scripts/prefect_stack.sh server-start   # prefect server on 127.0.0.1:$PREFECT_PORT
-#   scripts/prefect_stack.sh serve-start [orchestration.deploy options, e.g. --cron "0 3 * * 1",
-#                                         --cluster tcp://HOST:8786 for parse_wikidata on Dask]
-#   scripts/prefect_stack.sh run [prefect deployment run options, e.g. -p repo_dir='"/x"',
-#                                 --param cluster=tcp://HOST:8786]
+#   scripts/prefect_stack.sh worker-start [orchestration.deploy options, e.g. --cron "0 3 * * 1",
+#                                          --cluster tcp://HOST:8786]
+#       # creates the process work pool 'regrab' if missing, registers the deployments
+#       # regrab-scheduled/weekly and regrab-retrain/experiment (python -m orchestration.deploy),
+#       # then starts 'prefect worker start --pool regrab' in the background
+#   scripts/prefect_stack.sh run [prefect deployment run options, e.g. --param cluster=tcp://HOST:8786]
+#       # triggers $PREFECT_DEPLOYMENT (default regrab-scheduled/weekly) and watches it
 #   scripts/prefect_stack.sh status
-#   scripts/prefect_stack.sh stop           # serve process first, then the server
+#   scripts/prefect_stack.sh stop           # worker first, then the server
 #
 # PIDs and logs live in $PREFECT_RUN_DIR (default <repo>/.prefect-run); the server's
 # database lives in $PREFECT_RUN_DIR/home (PREFECT_HOME), so it never touches ~/.prefect.
@@ -15,7 +18,8 @@
 #
 # Environment: PYTHON (interpreter with the project installed; default python),
 # PREFECT_RUN_DIR, PREFECT_PORT (4200), PREFECT_START_TIMEOUT (s, 180),
-# PREFECT_STOP_TIMEOUT (s, 30), PREFECT_RUN_TIMEOUT (s to watch a run, 7200).
+# PREFECT_STOP_TIMEOUT (s, 30), PREFECT_RUN_TIMEOUT (s to watch a run, 7200),
+# PREFECT_DEPLOYMENT (what 'run' triggers), PREFECT_POOL (regrab).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +29,8 @@ PYTHON="${PYTHON:-python}"
 START_TIMEOUT="${PREFECT_START_TIMEOUT:-180}"
 STOP_TIMEOUT="${PREFECT_STOP_TIMEOUT:-30}"
 RUN_TIMEOUT="${PREFECT_RUN_TIMEOUT:-7200}"
-DEPLOYMENT="regrab-retrain/scheduled"
+DEPLOYMENT="${PREFECT_DEPLOYMENT:-regrab-scheduled/weekly}"
+POOL="${PREFECT_POOL:-regrab}"
 API_URL="http://127.0.0.1:${PORT}/api"
 
 export PREFECT_HOME="$RUN_DIR/home"
@@ -80,32 +85,41 @@ server_start() {
     echo "PREFECT_HOME=$PREFECT_HOME, log $RUN_DIR/server.log"
 }
 
-serve_start() {
+worker_start() {
     local pid t0
     healthy || die "no Prefect server answers at $API_URL; run '$0 server-start' (make prefect-server) first"
-    pid="$(pid_of serve)"
-    if [[ -n "$pid" ]]; then echo "serve process already running (pid $pid)"; return 0; fi
     t0="$(now)"
-    (cd "$ROOT" && exec nohup "$PYTHON" -m orchestration.deploy "$@" >"$RUN_DIR/serve.log" 2>&1 </dev/null) &
+    if ! "$PYTHON" -m prefect work-pool inspect "$POOL" >/dev/null 2>&1; then
+        "$PYTHON" -m prefect work-pool create "$POOL" --type process >/dev/null \
+            || die "could not create work pool '$POOL'"
+        echo "work pool '$POOL' created (type process)"
+    fi
+    (cd "$ROOT" && "$PYTHON" -m orchestration.deploy --pool "$POOL" "$@") \
+        || die "deployments not registered (see the error above)"
+    pid="$(pid_of worker)"
+    if [[ -n "$pid" ]]; then echo "worker already running (pid $pid)"; return 0; fi
+    # The flows load from this project (flow.from_source): its packages on the path.
+    (cd "$ROOT" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec nohup "$PYTHON" -m prefect \
+        worker start --pool "$POOL" --type process >"$RUN_DIR/worker.log" 2>&1 </dev/null) &
     pid=$!
-    echo "$pid" >"$RUN_DIR/serve.pid"
+    echo "$pid" >"$RUN_DIR/worker.pid"
     local deadline=$((SECONDS + START_TIMEOUT))
-    # flow.serve prints this once the deployment is registered and polling.
-    until grep -q "is being served" "$RUN_DIR/serve.log" 2>/dev/null; do
+    # The worker prints "Worker '...' started!" once it polls the pool.
+    until grep -q "started" "$RUN_DIR/worker.log" 2>/dev/null; do
         if ! kill -0 "$pid" 2>/dev/null; then
-            tail -n 20 "$RUN_DIR/serve.log" >&2
-            rm -f "$RUN_DIR/serve.pid"
-            die "serve process exited during start-up; log: $RUN_DIR/serve.log"
+            tail -n 20 "$RUN_DIR/worker.log" >&2
+            rm -f "$RUN_DIR/worker.pid"
+            die "worker exited during start-up; log: $RUN_DIR/worker.log"
         fi
-        ((SECONDS < deadline)) || die "serve process (pid $pid) not ready after ${START_TIMEOUT}s; log: $RUN_DIR/serve.log"
+        ((SECONDS < deadline)) || die "worker (pid $pid) not ready after ${START_TIMEOUT}s; log: $RUN_DIR/worker.log"
         sleep 0.5
     done
-    echo "serving $DEPLOYMENT in $(elapsed "$t0") s (pid $pid); log $RUN_DIR/serve.log"
+    echo "worker on pool '$POOL' up in $(elapsed "$t0") s (pid $pid); log $RUN_DIR/worker.log"
 }
 
 run_deployment() {
-    healthy || die "no Prefect server answers at $API_URL, so '$DEPLOYMENT' cannot be triggered; run '$0 server-start' then '$0 serve-start' (make prefect-server prefect-serve)"
-    [[ -n "$(pid_of serve)" ]] || echo "warning: no serve process recorded in $RUN_DIR; the run stays Scheduled until '$0 serve-start'" >&2
+    healthy || die "no Prefect server answers at $API_URL, so '$DEPLOYMENT' cannot be triggered; run '$0 server-start' then '$0 worker-start' (make prefect-server prefect-worker)"
+    [[ -n "$(pid_of worker)" ]] || echo "warning: no worker recorded in $RUN_DIR; the run stays Scheduled until '$0 worker-start'" >&2
     "$PYTHON" -m prefect deployment run "$DEPLOYMENT" --watch --watch-timeout "$RUN_TIMEOUT" "$@"
 }
 
@@ -132,18 +146,18 @@ status() {
     pid="$(pid_of server)"
     if [[ -n "$pid" ]]; then echo "server: pid $pid"; else echo "server: not running"; fi
     if healthy; then echo "api: $API_URL healthy"; else echo "api: $API_URL not answering"; fi
-    pid="$(pid_of serve)"
-    if [[ -n "$pid" ]]; then echo "serve: pid $pid"; else echo "serve: not running"; fi
+    pid="$(pid_of worker)"
+    if [[ -n "$pid" ]]; then echo "worker: pid $pid (pool $POOL)"; else echo "worker: not running"; fi
 }
 
 cmd="${1:-}"
 shift || true
 case "$cmd" in
     server-start) server_start ;;
-    serve-start) serve_start "$@" ;;
+    worker-start) worker_start "$@" ;;
     run) run_deployment "$@" ;;
-    # The serve process first: it pauses its schedule through the server on the way out.
-    stop) stop_one serve; stop_one server ;;
+    # The worker first: a run it holds is reported to the server before the server goes.
+    stop) stop_one worker; stop_one server ;;
     status) status ;;
-    *) echo "usage: $0 {server-start|serve-start [deploy opts]|run [run opts]|status|stop}" >&2; exit 2 ;;
+    *) echo "usage: $0 {server-start|worker-start [deploy opts]|run [run opts]|status|stop}" >&2; exit 2 ;;
 esac

@@ -26,6 +26,7 @@ SECTION_OWNERS = {
     "transfer": "model.evaluation.config",
     "active_labelling": "model.predict.config",
     "tune_splits": "scripts.make_tuning_splits",
+    "promote": "pipeline.gate",
 }
 
 declare_sections(SECTION_OWNERS)

@@ -1,9 +1,9 @@
-"""The flow against a real ``prefect server``: served and triggered, and from a fresh clone.
+"""The flows against a real ``prefect server``: deployed on the work pool, and from a fresh clone.
 
 Everything goes through ``scripts/prefect_stack.sh`` (the commands behind the
 ``make prefect-*`` targets), on 127.0.0.1 with a free port and a temporary
-PREFECT_HOME. Teardown stops what was started by PID (serve process first, then the
-server), even when the test failed, and checks that both are gone.
+PREFECT_HOME. Teardown stops what was started by PID (the worker first, then the server),
+even when the test failed, and checks that both are gone.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def prefect_stack(run_dir: Path, **extra: str):
         "PREFECT_PORT": str(free_port()),
         "PREFECT_START_TIMEOUT": "150",
         "PREFECT_RUN_TIMEOUT": "150",
-        # Pick up triggered runs within 2 s instead of the default 10 s.
-        "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+        # The worker picks up triggered runs within 2 s instead of the default 10 s.
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
         **extra,
     }
     env.pop("PREFECT_API_URL", None)
@@ -74,7 +74,7 @@ def prefect_stack(run_dir: Path, **extra: str):
 
 def stop_stack(env: dict[str, str], run_dir: Path, check: bool = True) -> None:
     started = {}
-    for name in ("serve", "server"):
+    for name in ("worker", "server"):
         pid_file = run_dir / f"{name}.pid"
         if pid_file.exists():
             started[name] = int(pid_file.read_text())
@@ -86,9 +86,23 @@ def stop_stack(env: dict[str, str], run_dir: Path, check: bool = True) -> None:
     assert not check or not leftovers, f"still running after stop: {leftovers}\n{output}"
 
 
+PROMOTE = """\
+promote:
+  benchmarks: [nyt25]
+  settings: [5w1s]
+  headline_margin: 0.0
+  setting_margin: 2.0
+  episodes: 0
+  webhook: ''
+"""
+
+
 @pytest.fixture
 def stack_env(tmp_path: Path, tiny_repo: Path):
-    """Stack environment serving the tiny project; teardown stops whatever it started."""
+    """Stack environment deploying for the tiny project; teardown stops whatever it started."""
+    (tiny_repo / ".gitignore").write_text(".prefect-run/\nfetch_attempts.txt\n*_dask.txt\n")
+    (tiny_repo / "params.yaml").write_text((tiny_repo / "params.yaml").read_text() + PROMOTE)
+    git(tiny_repo, "commit", "-qam", "promote section")
     with prefect_stack(tmp_path / "prefect-run", REGRAB_REPO_DIR=str(tiny_repo)) as env:
         yield env
 
@@ -100,7 +114,7 @@ def test_run_without_server_says_what_to_do(tmp_path: Path):
         "PREFECT_RUN_DIR": str(tmp_path / "run"),
         "PREFECT_PORT": str(free_port()),
     }
-    for command in ("run", "serve-start"):
+    for command in ("run", "worker-start"):
         done = stack(env, command, timeout=60)
         assert done.returncode == 2, done
         assert "no Prefect server answers" in done.stderr
@@ -111,8 +125,24 @@ def test_run_without_server_says_what_to_do(tmp_path: Path):
         check_server(f"http://127.0.0.1:{free_port()}/api", timeout_s=2)
 
 
+def final_states(api: str, run_ids: list[str], timeout_s: float) -> dict[str, list]:
+    """``{run id: [its states, oldest first]}`` once every run is in a final state."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    deadline = time.monotonic() + timeout_s
+    with temporary_settings(updates={PREFECT_API_URL: api}):
+        with get_client(sync_client=True) as client:
+            while True:
+                runs = [client.read_flow_run(i) for i in run_ids]
+                if all(r.state.is_final() for r in runs):
+                    return {i: client.read_flow_run_states(i) for i in run_ids}
+                assert time.monotonic() < deadline, [r.state for r in runs]
+                time.sleep(2)
+
+
 @pytest.mark.integration
-def test_served_deployment_runs_on_trigger(stack_env: dict[str, str], tiny_repo: Path):
+def test_worker_runs_one_weekly_retrain_at_a_time(stack_env: dict[str, str], tiny_repo: Path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
@@ -125,53 +155,56 @@ def test_served_deployment_runs_on_trigger(stack_env: dict[str, str], tiny_repo:
     up = stack(stack_env, "server-start", timeout=200)
     assert up.returncode == 0, up.stdout + up.stderr
     assert "server up in" in up.stdout
-    served = stack(stack_env, "serve-start", timeout=200)
-    assert served.returncode == 0, served.stdout + served.stderr
+    worker = stack(stack_env, "worker-start", timeout=300)
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert "work pool 'regrab' created" in worker.stdout
 
+    # Two runs triggered at once: the second must not run beside the first.
     start = time.monotonic()
-    triggered = stack(stack_env, "run", "--param", 'overrides={"train.scale": 5}', timeout=200)
-    log = triggered.stdout + triggered.stderr
-    assert triggered.returncode == 0, log
-    assert "Completed" in log
-    print(f"triggered run finished in {time.monotonic() - start:.1f} s")
+    cmd = [sys.executable, "-m", "prefect", "deployment", "run", "regrab-scheduled/weekly"]
+    env = {**stack_env, "PREFECT_API_URL": f"http://127.0.0.1:{stack_env['PREFECT_PORT']}/api",
+           "PREFECT_HOME": str(Path(stack_env["PREFECT_RUN_DIR"]) / "home")}
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    ids = [re.search(r"UUID: ([0-9a-f-]{36})", out).group(1) for out in outs]
+    api = env["PREFECT_API_URL"]
+    states = final_states(api, ids, timeout_s=240)
+    print(f"two triggered runs settled in {time.monotonic() - start:.1f} s")
+    names = sorted(s[-1].name for s in states.values())
+    assert names == ["Cancelled", "Completed"], states
+    (cancelled,) = [h for h in states.values() if h[-1].name == "Cancelled"]
+    assert all(s.type != StateType.RUNNING for s in cancelled)  # it never ran
+    assert "concurrency limit" in cancelled[-1].message
+    (done,) = [h for h in states.values() if h[-1].name == "Completed"]
+    assert done[-1].message == "promoted (gate: no champion)"
+    assert "regrab@v0.1.0" in git(tiny_repo, "tag")
 
-    api = f"http://127.0.0.1:{stack_env['PREFECT_PORT']}/api"
     with temporary_settings(updates={PREFECT_API_URL: api}):
         with get_client(sync_client=True) as client:
-            deployment = client.read_deployment_by_name("regrab-retrain/scheduled")
-            run_id = re.search(r"UUID: ([0-9a-f-]{36})", log).group(1)
-            run = client.read_flow_run(run_id)
-            # The cron schedule has queued the next Mondays as well.
-            upcoming = client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(
-                    state=FlowRunFilterState(
-                        type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])
-                    )
-                )
-            )
+            deployment = client.read_deployment_by_name("regrab-scheduled/weekly")
+            upcoming = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(
+                    any_=[StateType.SCHEDULED]))))
     assert deployment.parameters["repo_dir"] == str(tiny_repo)
+    assert deployment.work_pool_name == "regrab"
     assert [s.schedule.cron for s in deployment.schedules] == [DEFAULT_CRON]
-    assert run.deployment_id == deployment.id
-    assert run.state.is_completed()
+    # Prefect 3 keeps the limit as a global concurrency limit of the deployment.
+    limit = deployment.concurrency_limit or deployment.global_concurrency_limit.limit
+    assert limit == 1
+    assert deployment.concurrency_options.collision_strategy == "CANCEL_NEW"
     assert upcoming and all(r.expected_start_time.weekday() == 0 for r in upcoming)
 
-    # The run was a DVC experiment in the tiny repo, named after the flow run.
-    shown = subprocess.run(
-        [sys.executable, "-m", "dvc", "exp", "show", "--json"],
-        cwd=tiny_repo,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
-    exps = {
-        rev["name"]: rev["data"]
-        for row in json.loads(shown)
-        for exp in row.get("experiments") or []
-        for rev in exp["revs"]
-    }
+    # The experiment deployment, through the same worker: a DVC experiment in the project.
+    triggered = stack({**stack_env, "PREFECT_DEPLOYMENT": "regrab-retrain/experiment"}, "run",
+                      "--param", 'overrides={"train.scale": 5}', timeout=200)
+    log = triggered.stdout + triggered.stderr
+    assert triggered.returncode == 0 and "Completed" in log, log
+    shown = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], cwd=tiny_repo,
+                           capture_output=True, text=True, check=True, timeout=120).stdout
+    exps = {rev["name"]: rev["data"] for row in json.loads(shown)
+            for exp in row.get("experiments") or [] for rev in exp["revs"]}
     (name,) = exps
-    assert name.startswith(run.name)
     assert exps[name]["params"]["params.yaml"]["data"]["train"]["scale"] == 5
 
 

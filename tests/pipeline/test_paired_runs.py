@@ -102,3 +102,21 @@ def test_relation_descriptions_reach_both_runs_as_evaluate_reads_them(runs, tmp_
                           str(root / "a"), "--methods", "proto", "--settings", "2w1s",
                           "--params", str(p)])
         assert seen == [{"R0": "the first relation", "R1": None} if there else {}] * 4
+
+
+def test_episodes_scores_fewer_episodes_than_evaluate(runs, monkeypatch):
+    root, splits, p = runs
+    seen = []
+    real = paired_runs.evaluate_split
+
+    def spy(split_dir, models, cfg, *args, **kwargs):
+        seen.append(cfg.episodes)
+        return real(split_dir, models, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(paired_runs, "evaluate_split", spy)
+    args = ["--splits", str(splits), "--a", str(root / "a"), "--b", str(root / "a"),
+            "--methods", "proto", "--settings", "2w1s", "--params", str(p)]
+    paired_runs.main([*args, "--episodes", "3"])
+    assert seen == [3] * 4
+    with pytest.raises(PipelineError, match="--episodes"):
+        paired_runs.main([*args, "--episodes", "-1"])

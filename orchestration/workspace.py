@@ -1,0 +1,195 @@
+"""The scheduled retrain's isolated workspace: a git worktree of HEAD sharing the DVC cache.
+
+A retrain must not touch the user's checkout (their uncommitted edits, their models), and two
+retrains must not share a workspace. :func:`create` adds a ``git worktree`` of the commit the
+user's checkout is at, on a new branch ``retrain/<run>``, in a folder under
+``.prefect-run/workspaces/`` (git-ignored), and points its DVC cache at the project's own
+(``.dvc/config.local``: ``cache.dir``), so every stage that has not changed comes out of the
+cache (``dvc checkout``, hard links where the file system allows) instead of running again.
+
+The results come back as git: :func:`commit` records ``dvc.lock`` and the run's metrics on the
+run's branch, :func:`fast_forward` moves the user's branch to it only when their checkout is
+clean and still at the commit the run started from, and :func:`remove` deletes the worktree
+(and the branch, when nothing was committed on it). Nothing here imports Prefect or runs a
+stage: the flow runs them through ``dvc repro`` in the workspace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestration.dvc_access import dvc_env
+from pipeline.errors import PipelineError
+
+#: Where workspaces live, below the project root (``.prefect-run/`` is git-ignored).
+WORKSPACES = Path(".prefect-run") / "workspaces"
+#: The branch a run's results are committed on.
+BRANCH_PREFIX = "retrain/"
+#: Link types DVC tries, in order, for files it checks out of the shared cache.
+CACHE_TYPES = "reflink,hardlink,copy"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """One run's worktree.
+
+    Attributes:
+        root: the user's checkout (the project the run was started for).
+        path: the worktree.
+        branch: ``retrain/<run>``, created at ``start``.
+        start: the commit the run reproduces (the user's HEAD when it began).
+    """
+
+    root: Path
+    path: Path
+    branch: str
+    start: str
+
+
+def git(cwd: Path, *args: str, check: bool = True) -> str:
+    """``git <args>`` in ``cwd``; its stdout.
+
+    Raises:
+        PipelineError: git exited non-zero (when ``check``), with its last error line.
+    """
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise PipelineError(f"git {' '.join(args)} failed in {cwd}: {last[0]}")
+    return done.stdout
+
+
+def dvc(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``dvc <args>`` in ``cwd`` with the flow's environment (output captured)."""
+    done = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=dvc_env(),
+                          capture_output=True, text=True)
+    if check and done.returncode != 0:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise PipelineError(f"dvc {' '.join(args)} failed in {cwd}: {last[0]}")
+    return done
+
+
+def safe_name(run_name: str) -> str:
+    """A branch- and folder-safe name: ``retrain/<this>``."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", run_name).strip("-") or "run"
+
+
+def create(root: Path, run_name: str) -> Workspace:
+    """A worktree of ``root``'s HEAD on branch ``retrain/<run>``, using ``root``'s DVC cache.
+
+    Raises:
+        PipelineError: ``root`` has no commit, or the branch or folder exists already.
+    """
+    root = root.resolve()
+    start = git(root, "rev-parse", "--verify", "HEAD").strip()
+    name = safe_name(run_name)
+    path = root / WORKSPACES / name
+    if path.exists():
+        raise PipelineError(f"workspace {path} exists already (an earlier run of the same "
+                            "name, kept after a failure); remove it with git worktree remove")
+    cache = dvc(root, "cache", "dir").stdout.strip() or str(root / ".dvc" / "cache")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    git(root, "worktree", "add", "-q", "-b", BRANCH_PREFIX + name, str(path), start)
+    config = path / ".dvc" / "config.local"
+    config.write_text(f"[cache]\n    dir = {Path(cache).resolve()}\n    type = {CACHE_TYPES}\n")
+    return Workspace(root, path, BRANCH_PREFIX + name, start)
+
+
+def remove(ws: Workspace, keep_branch: bool) -> None:
+    """Delete the worktree; delete its branch too unless ``keep_branch``."""
+    git(ws.root, "worktree", "remove", "--force", str(ws.path), check=False)
+    if ws.path.exists():  # a worktree git no longer knows: remove the folder itself
+        shutil.rmtree(ws.path, ignore_errors=True)
+    git(ws.root, "worktree", "prune", check=False)
+    if not keep_branch:
+        git(ws.root, "branch", "-D", ws.branch, check=False)
+
+
+def always_changed(ws: Workspace) -> list[str]:
+    """The stages marked ``always_changed`` (a check of moving sources): run first, always."""
+    import yaml
+
+    stages = (yaml.safe_load((ws.path / "dvc.yaml").read_text()) or {}).get("stages") or {}
+    return [name for name, spec in stages.items()
+            if isinstance(spec, dict) and spec.get("always_changed")]
+
+
+def stale_stages(ws: Workspace, ignore: list[str]) -> dict[str, object]:
+    """``dvc status --json`` of the workspace, less the ``ignore``d stages: what would run."""
+    done = dvc(ws.path, "status", "--json")
+    shown = json.loads(done.stdout or "{}")
+    return {k: v for k, v in shown.items() if k.split(":")[-1] not in ignore}
+
+
+def changed_since(ws: Workspace, commit: str, paths: tuple[str, ...]) -> list[str]:
+    """Which of ``paths`` differ between ``commit`` and the workspace's start commit."""
+    out = git(ws.path, "diff", "--name-only", commit, ws.start, "--", *paths)
+    return [line for line in out.splitlines() if line]
+
+
+def differs_from_start(ws: Workspace, path: str) -> bool:
+    """Whether the workspace's ``path`` is not the file of the start commit (or it is new)."""
+    try:
+        before = git(ws.path, "show", f"{ws.start}:{path}")
+    except PipelineError:
+        return True
+    target = ws.path / path
+    return not target.is_file() or target.read_text() != before
+
+
+def commit(ws: Workspace, message: str, outputs: list[str]) -> str | None:
+    """Commit the run's results on the workspace's branch: every tracked file it changed
+    (``dvc.lock``, ``.gitignore``) and the ``outputs`` git keeps rather than DVC (metrics,
+    tables and plots, new ones included). The new commit, or None when nothing changed."""
+    git(ws.path, "add", "-u")
+    present = [p for p in dict.fromkeys(["dvc.lock", *outputs]) if (ws.path / p).exists()]
+    ignored = set(git(ws.path, "check-ignore", "--", *present, check=False).splitlines()
+                  ) if present else set()
+    keep = [p for p in present if p not in ignored]
+    if keep:
+        git(ws.path, "add", "--", *keep)
+    if not git(ws.path, "diff", "--cached", "--name-only").strip():
+        return None
+    git(ws.path, "-c", "user.name=regrab-retrain", "-c", "user.email=regrab-retrain@localhost",
+        "commit", "-q", "-m", message)
+    return git(ws.path, "rev-parse", "HEAD").strip()
+
+
+def checkout_state(ws: Workspace) -> str | None:
+    """Why the user's checkout cannot be fast-forwarded now (None: it can)."""
+    head = git(ws.root, "rev-parse", "HEAD").strip()
+    if head != ws.start:
+        return f"your checkout moved to {head[:8]} since the run began at {ws.start[:8]}"
+    dirty = git(ws.root, "status", "--porcelain", "--untracked-files=no").strip()
+    if dirty:
+        return f"your checkout has uncommitted changes ({len(dirty.splitlines())} files)"
+    if not git(ws.root, "symbolic-ref", "-q", "HEAD", check=False).strip():
+        return "your checkout is on a detached HEAD"
+    return None
+
+
+def fast_forward(ws: Workspace) -> str | None:
+    """Move the user's branch to the run's commit; None when done, else why not."""
+    reason = checkout_state(ws)
+    if reason is None:
+        git(ws.root, "merge", "-q", "--ff-only", ws.branch)
+    return reason
+
+
+def push(ws: Workspace) -> str:
+    """``dvc push`` of the workspace when a remote is configured; a line saying what happened.
+
+    Raises:
+        PipelineError: the push failed.
+    """
+    remotes = dvc(ws.path, "remote", "list").stdout.strip()
+    if not remotes:
+        return "no DVC remote configured: nothing pushed (dvc remote add -d NAME URL)"
+    dvc(ws.path, "push")
+    return f"dvc push to {remotes.split()[0]} done"

@@ -1,0 +1,84 @@
+"""orchestration/champion_gate.py: the promoted toy models against a run's, end to end.
+
+A toy project (tiny encoder, two splits, REGRAB trained for 2 steps) in git + DVC, its models
+registered and promoted; a run's workspace restores the same models from the shared cache, and
+the gate copies the champion out of DVC, scores both with scripts/paired_runs.py in a
+subprocess and decides. The same models differ by nothing on every episode: promoted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestration import champion_gate, workspace
+from pipeline import registry
+from pipeline.gate import PromoteConfig
+from stages import train
+from tests.conftest import ROOT, project_params
+from tests.model.tiny_regrab import labels_of, toy_project, toy_train_sections
+
+pytestmark = pytest.mark.slow  # trains a toy model, scores it twice in a subprocess
+
+CFG = PromoteConfig(benchmarks=("nyt25",), settings=("2w1s",), headline_margin=0.0,
+                    setting_margin=2.0, episodes=4, webhook="")
+
+
+def sh(cwd: Path, *cmd: str) -> None:
+    subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("gate") / "repo"
+    enc, splits, graph, features = toy_project(root, n_splits=2)
+    sections = toy_train_sections(enc)
+    sections["train"]["methods"] = ["regrab"]
+    params = project_params(**sections)
+    params["benchmarks"] = {"nyt25": {"splits": "splits", "title": "toy"}}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    train.main(["--splits", str(splits), "--graph", str(graph), "--features", str(features),
+                "--relations", str(labels_of(graph)), "--out", str(root / "models" / "nyt25"),
+                "--params", str(root / "params.yaml")])
+    (root / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "paired_runs.py", root / "scripts")
+    (root / "dvc.yaml").write_text("stages: {}\n")
+    sh(root, "git", "init", "-q", "-b", "main")
+    sh(root, sys.executable, "-m", "dvc", "init", "-q")
+    sh(root, sys.executable, "-m", "dvc", "add", "-q", "models/nyt25")
+    (root / ".gitignore").write_text(".prefect-run/\n.regrab/\n")
+    sh(root, "git", "add", "-A")
+    sh(root, "git", "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-qm", "toy")
+    version = registry.register(root)
+    registry.promote(root, version.version)
+    return root
+
+
+def test_same_models_pass_the_gate_on_paired_episodes(project: Path):
+    champion = registry.resolve(project, "regrab")
+    ws = workspace.create(project, "gate")
+    try:
+        workspace.dvc(ws.path, "checkout")  # the challenger: the same models, from the cache
+        logged: list[str] = []
+        decision = champion_gate.score(ws, champion, CFG, logged.append)
+        copied = ws.path / champion_gate.CHAMPION_DIR / "nyt25"
+        assert sorted(p.name for p in copied.iterdir()) == ["split_0", "split_1"]
+        assert (copied / "split_0" / "regrab" / "model.safetensors").is_file()
+    finally:
+        workspace.remove(ws, keep_branch=False)
+    assert decision.promote and decision.gate == "passed", decision
+    rows = {r["setting"]: r for r in decision.rows}
+    assert set(rows) == {"2w1s", "headline"}
+    assert rows["2w1s"]["diff"] == 0.0 and rows["headline"]["diff"] == 0.0
+    assert rows["2w1s"]["champion"] == rows["2w1s"]["challenger"]
+    assert any("regrab 2w1s: A" in line for line in logged)  # paired_runs' own report
+
+
+def test_no_champion_scores_nothing(project: Path):
+    decision = champion_gate.score(None, None, CFG, print)  # type: ignore[arg-type]
+    assert decision.promote and decision.gate == "no champion" and decision.rows == ()
