@@ -15,8 +15,8 @@ from pipeline.errors import PipelineError
 from tests.conftest import ROOT, project_params
 
 #: A dotted name of a module above ``pipeline/`` (``stages.fetch``, ``model.config``),
-#: not a word ending a sentence ("between stages.").
-ABOVE = re.compile(r"(?<![\w.])(stages|model|scripts|cli)\.[A-Za-z_]")
+#: not a word ending a sentence ("between stages.") nor a file name (``model.safetensors``).
+ABOVE = re.compile(r"(?<![\w./])(stages|model|scripts|cli)\.(?!(safetensors|json|pt)\b)[A-Za-z_]")
 
 
 def test_pipeline_names_no_module_above_it():
