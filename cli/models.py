@@ -4,7 +4,8 @@
 relation labels and graph, the pre-trained encoder, a model card) that ``regrab-predict
 --checkpoint DIR`` uses alone, with no project data and no ``params.yaml``. ``--out`` may be
 new, empty or a folder export wrote (replaced whole); a folder holding anything else is
-refused, or with ``--force`` only export's own files in it are replaced.
+refused, or with ``--force`` only export's own files in it are replaced. An ``encoder/``
+there holding a file export did not write is refused, ``--force`` or not.
 
 An ``--out`` that is or holds one of export's inputs (the checkpoint, ``--relations``,
 ``--report``) is refused, ``--force`` or not: export never replaces a file it reads.

@@ -113,6 +113,31 @@ def test_export_replaces_a_folder_it_wrote_whole(files, tmp_path, capsys):
     assert "is a file" in err
 
 
+def test_export_keeps_a_file_a_user_added_to_its_encoder_folder(files, tmp_path, capsys):
+    out = tmp_path / "mine"
+    models.main(["export", str(files["ckpt"]), "--out", str(out)])
+    (out / "encoder" / "mynotes.txt").write_text("mine")
+    before = _tree(out)
+    for extra in ([], ["--no-encoder"], ["--force"], ["--force", "--no-encoder"]):
+        err = _one_error(capsys, lambda extra=extra: models.main(
+            ["export", str(files["ckpt"]), "--out", str(out), *extra]))
+        assert "encoder/mynotes.txt" in err and "move" in err, err
+        assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+    # A folder exported before config.json listed encoder/'s files: the names export writes.
+    meta = json.loads((out / "config.json").read_text())
+    assert "mynotes.txt" not in meta.pop("encoder_files")
+    (out / "config.json").write_text(json.dumps(meta))
+    err = _one_error(capsys, lambda: models.main(
+        ["export", str(files["ckpt"]), "--out", str(out), "--no-encoder"]))
+    assert "encoder/mynotes.txt" in err and "tokenizer" not in err
+    # Moved away, the folder is export's own again and replaced whole.
+    (out / "encoder" / "mynotes.txt").unlink()
+    models.main(["export", str(files["ckpt"]), "--out", str(out), "--no-encoder"])
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json",
+                                                     "model.safetensors"]
+
+
 #: Seconds a child may take to reach a point or to end, even on a machine whose cores are
 #: all busy (the slow export sleeps longer still, so a lost signal fails, not hangs).
 LOADED_MACHINE_LIMIT = 900
