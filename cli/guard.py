@@ -6,7 +6,8 @@
   hold one (``--force`` would replace a file in it that the command reads).
 * :func:`guard_process`: from a console script's first instruction to its last, SIGTERM
   ends the process with the same line and 143 (while the command's modules load, and after
-  its work, when nothing is being written).
+  its work, when nothing is being written), and a SIGINT inherited ignored (a command
+  started with ``&`` in a script) is taken back, so Ctrl-C ends it with 130.
 * :func:`run_command`: :func:`pipeline.errors.run_cli`, plus SIGTERM (``kill``, a job
   scheduler's stop) unwinding like Ctrl-C, so the temporaries of an unfinished write are
   removed; it ends with one ``error:`` line and exit status 143. Everything the command
@@ -95,12 +96,24 @@ def _exit_terminated(signum: int, frame: object) -> None:
     os._exit(TERMINATED)
 
 
+def take_interrupt() -> None:
+    """Let Ctrl-C (SIGINT) raise KeyboardInterrupt even when the process inherited SIGINT
+    ignored, as a command started in the background of a script (``regrab-predict ... &``)
+    does: Python keeps an inherited ignore, so ``kill -INT`` and Ctrl-C did nothing until
+    SIGKILL, while SIGTERM ended it. Main thread only (signals are set there)."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) == signal.SIG_IGN):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def guard_process() -> None:
     """Until the process ends, SIGTERM outside :func:`run_command` (loading the command's
-    modules, or after its work) exits 143 with one ``error:`` line. Call it first, before
-    the heavy imports; nothing is written then, so there is nothing to unwind."""
+    modules, or after its work) exits 143 with one ``error:`` line, and SIGINT is not left
+    ignored (:func:`take_interrupt`). Call it first, before the heavy imports; nothing is
+    written then, so there is nothing to unwind."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_terminated)
+        take_interrupt()
 
 
 def _terminate(owner: int) -> None:
@@ -147,6 +160,7 @@ def _run(main: Callable[[list[str] | None], object], argv: list[str] | None) -> 
         run_cli(main, argv)  # signal handlers can only be set from the main thread
         return
     owner = os.getpid()
+    take_interrupt()  # also run as ``python -m cli.<command>``, without the entry point
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: _terminate(owner))
     try:
         run_cli(main, argv)
