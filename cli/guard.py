@@ -36,12 +36,24 @@ class Terminated(BaseException):
     every ``finally`` and ``except BaseException`` (the atomic writers') runs on the way out."""
 
 
+def resolved(path: Path, what: str) -> Path:
+    """:func:`pipeline.io.resolved`, imported when first needed: this module is loaded before
+    the command's heavy imports (numpy, pyarrow), so that SIGTERM is handled meanwhile."""
+    from pipeline.io import resolved as follow
+
+    return follow(path, what)
+
+
 def same_file(a: Path, b: Path) -> bool:
-    """Whether ``a`` and ``b`` name one file: the same inode, or the same resolved path."""
+    """Whether ``a`` and ``b`` name one file: the same inode, or the same resolved path.
+
+    Raises:
+        PipelineError: one of them is a symbolic link that loops (:func:`resolved`).
+    """
     try:
         return os.path.samefile(a, b)
     except OSError:  # one of them does not exist (yet): compare where they would be
-        return a.resolve() == b.resolve()
+        return resolved(a, "path") == resolved(b, "path")
 
 
 def refuse_same(out: Path, what: str, others: dict[str, Path | None]) -> None:
@@ -50,8 +62,12 @@ def refuse_same(out: Path, what: str, others: dict[str, Path | None]) -> None:
     Raises:
         PipelineError: naming both options, before anything is read or written.
     """
+    resolved(out, what)  # a looping link: one line naming the option
     for name, other in others.items():
-        if other is not None and same_file(Path(out), Path(other)):
+        if other is None:
+            continue
+        resolved(other, name)
+        if same_file(Path(out), Path(other)):
             raise PipelineError(f"{what} {out} is also {name} {other} (the same file); "
                                 f"writing {what} would overwrite it, give another {what}")
 
@@ -65,12 +81,14 @@ def refuse_inside(out: Path, what: str, others: dict[str, Path | None]) -> None:
         PipelineError: naming the output and the input, before anything is read or written.
     """
     out = Path(out)
+    where = resolved(out, what)
     entries = list(out.iterdir()) if out.is_dir() else []
     for name, other in others.items():
         if other is None or not Path(other).exists():
             continue
         other = Path(other)
-        inside = other.resolve() == out.resolve() or out.resolve() in other.resolve().parents
+        there = resolved(other, name)
+        inside = there == where or where in there.parents
         if inside or any(same_file(entry, other) for entry in entries if entry.is_file()):
             raise PipelineError(
                 f"{what} {out} is or holds {name} {other}; writing {what} there would replace the "

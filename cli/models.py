@@ -37,12 +37,12 @@ from model.files import loader
 from model.files.checkpoint import MODEL_FILE, STATE_FILE, convert_legacy
 from model.files.model_folder import OWN_ENTRIES, check_out, check_report, export
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_path, check_writable
+from pipeline.io import atomic_path, check_writable, resolved
 
 
 def benchmark_of(checkpoint: Path) -> str | None:
     """``nyt25`` for ``models/nyt25/split_0/regrab/model.safetensors`` (None elsewhere)."""
-    parts = checkpoint.resolve().parts
+    parts = resolved(checkpoint, "checkpoint").parts
     for i, part in enumerate(parts[:-1]):
         if part == "models" and i + 2 < len(parts) and parts[i + 2].startswith("split_"):
             return parts[i + 1]

@@ -306,3 +306,38 @@ def test_a_checkpoint_of_a_billion_steps_answers_or_says_what_it_would_cost(file
     assert "this checkpoint's posterior (1,000,000,000,000 Langevin steps per chain) would take " \
            "about" in err and "measured here" in err and "fewer model.langevin.steps" in err
     assert not (tmp_path / "o2.jsonl").exists()
+
+
+# ------------------------------------------------------------------ symbolic link loops
+
+
+@pytest.mark.parametrize("flag", ["--out", "--support-scores", "--support", "--queries"])
+def test_a_path_that_is_a_looping_link_is_one_line(files, capsys, tmp_path, monkeypatch, flag):
+    monkeypatch.setattr(predict.Predictor, "from_checkpoint", _never_loaded)
+    loop = tmp_path / "loop.jsonl"
+    loop.symlink_to(loop)  # resolve() raised RuntimeError: a traceback
+    argv = {"--out": _argv(files, loop), "--support": _argv(files, tmp_path / "o.jsonl",
+                                                            support=loop),
+            "--queries": _argv(files, tmp_path / "o.jsonl", queries=loop),
+            "--support-scores": [*_argv(files, tmp_path / "o.jsonl"), flag, str(loop)]}[flag]
+    err = _one_error(capsys, lambda: predict.main(argv))
+    assert f"{loop} is a symbolic link that loops" in err and "remove the link" in err
+    assert loop.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["loop.jsonl"]
+
+
+def test_export_of_a_looping_link_is_one_line(files, capsys, tmp_path):
+    from cli import models
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    for argv in (["export", str(a), "--out", str(tmp_path / "m"), "--no-encoder"],
+                 ["export", str(files["ckpt"]), "--out", str(a), "--no-encoder"],
+                 ["convert", str(files["ckpt"]), "--out", str(a)]):
+        err = _one_error(capsys, lambda argv=argv: models.main(argv))
+        assert f"{a} is a symbolic link that loops" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def _never_loaded(*args, **kwargs):
+    raise AssertionError("the checkpoint was loaded before the paths were checked")
