@@ -110,8 +110,28 @@ def convert(
     return table, report
 
 
+class _KeyTwice(ValueError):
+    """A JSON object names one key twice (the key is the argument)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s ``object_pairs_hook``: the object, refusing a key it names twice, which
+    ``json`` would keep the last of (a relation given twice lost its first sentences)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _KeyTwice(key)
+            seen.add(key)
+    return obj
+
+
 def load_json(path: Path, fix: str | None = None) -> Any:
     """Load a JSON file, turning a missing, corrupt or hostile file into a one-line error.
+
+    An object that names a key twice (a relation given twice) is refused, naming the key:
+    ``json`` alone would keep the last and drop the rest without a word.
 
     Args:
         path: the file.
@@ -125,7 +145,12 @@ def load_json(path: Path, fix: str | None = None) -> Any:
         )
     try:
         with path.open("rb") as fh:
-            return json.load(fh)
+            return json.load(fh, object_pairs_hook=_unique_keys)
+    except _KeyTwice as exc:
+        raise PipelineError(
+            f"{path}: key {str(exc.args[0])[:80]!r} is given twice in one JSON object (only "
+            "the last would be read); merge the two into one entry, "
+            f"{fix or 'then re-fetch it with dvc repro -f fetch'}") from None
     except RecursionError as exc:
         raise PipelineError(f"{path} is nested too deeply to be FewRel data; replace it") from exc
     # ValueError covers JSONDecodeError, UnicodeDecodeError and over-long integer literals.

@@ -192,6 +192,25 @@ def test_score_counts_a_relation_given_with_no_sentences(models, tmp_path, capsy
     assert report["relations"]["too_few_sentences"] == {"P9": 0}
 
 
+def test_score_refuses_a_relation_given_twice(models, tmp_path, capsys):
+    rows = toy_table(["P6", "P7", "P8"], 6, seed=5).to_pylist()
+    data: dict[str, list[str]] = {}
+    for r in rows:
+        data.setdefault(r["relation"], []).append(json.dumps(
+            {"tokens": r["tokens"], "h": ["h", "Q1", [list(range(r["head_start"],
+                                                                  r["head_end"]))]],
+             "t": ["t", "Q2", [list(range(r["tail_start"], r["tail_end"]))]]}))
+    # P6 with its six sentences, then again with one: json kept the one, silently.
+    text = ", ".join(f'"{k}": [{", ".join(v)}]' for k, v in data.items())
+    path = tmp_path / "own.json"
+    path.write_text("{" + text + f', "P6": [{data["P6"][0]}]' + "}")
+    err = _one_error(capsys, lambda: score.main(
+        ["--data", str(path), "--models", str(models[0]), "--out", str(tmp_path / "s"),
+         "--methods", "regrab", "--settings", "3w1s", "--params", str(models[1])]))
+    assert f"{path}: key 'P6' is given twice" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["own.json"]
+
+
 def test_score_output_folder_that_cannot_be_written(models, capsys, tmp_path):
     data = tmp_path / "own.json"
     data.write_text("{}")
