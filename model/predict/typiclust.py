@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 #: Nearest neighbours a sentence's typicality averages over (the paper's 20).
 NEIGHBOURS = 20
@@ -140,10 +141,11 @@ def typiclust_pick(labelled: torch.Tensor, pool: torch.Tensor, free: torch.Tenso
 
 
 def typiclust_order(labelled: torch.Tensor, pool: torch.Tensor, generator: torch.Generator,
-                    picks: int) -> np.ndarray:
+                    picks: int, progress: bool = False) -> np.ndarray:
     """Pool positions in the order to label them: the first ``picks`` by repeated
     :func:`typiclust_pick` (each pick counted as labelled for the next), the rest by their
-    typicality in the pool, highest first.
+    typicality in the pool, highest first. ``progress``: a bar of the picks (one k-means
+    each, so a long ranking shows where it is).
 
     Shapes:
         labelled: (L, D), pool: (P, D) -> (P,) int64
@@ -151,7 +153,8 @@ def typiclust_order(labelled: torch.Tensor, pool: torch.Tensor, generator: torch
     p = pool.shape[0]
     free = torch.ones(p, dtype=torch.bool)
     order: list[int] = []
-    for _ in range(min(picks, p)):
+    for _ in tqdm(range(min(picks, p)), desc="typiclust picks", unit="pick",
+                  disable=not progress):
         i = typiclust_pick(labelled, pool, free, generator)
         order.append(i)
         free[i] = False
