@@ -127,11 +127,13 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def load_json(path: Path, fix: str | None = None) -> Any:
+def load_json(path: Path, fix: str | None = None, unique_keys: bool = True) -> Any:
     """Load a JSON file, turning a missing, corrupt or hostile file into a one-line error.
 
-    An object that names a key twice (a relation given twice) is refused, naming the key:
-    ``json`` alone would keep the last and drop the rest without a word.
+    With ``unique_keys``, an object that names a key twice (a relation given twice) is
+    refused, naming the key: ``json`` alone would keep the last and drop the rest without a
+    word. Relations files (``pid2name.json``) pass False: their readers keep one entry of a
+    name written twice alike, and ``regrab-predict`` refuses one written twice differently.
 
     Args:
         path: the file.
@@ -145,7 +147,7 @@ def load_json(path: Path, fix: str | None = None) -> Any:
         )
     try:
         with path.open("rb") as fh:
-            return json.load(fh, object_pairs_hook=_unique_keys)
+            return json.load(fh, object_pairs_hook=_unique_keys if unique_keys else None)
     except _KeyTwice as exc:
         raise PipelineError(
             f"{path}: key {str(exc.args[0])[:80]!r} is given twice in one JSON object (only "
@@ -195,7 +197,7 @@ def load_relation_texts(path: Path) -> dict[str, tuple[str, str | None]]:
         PipelineError: not a JSON object, or an entry that is not ``[name]`` or
             ``[name, description]`` with a non-empty name.
     """
-    data = load_json(path, fix=f"fix {path}")
+    data = load_json(path, fix=f"fix {path}", unique_keys=False)
     if not isinstance(data, dict):
         raise PipelineError(f"{path}: expected a JSON object mapping each relation to [name, "
                             "description]; fix the file")
@@ -228,7 +230,7 @@ def load_relation_names(path: Path | None) -> tuple[dict[str, str], int]:
     """
     if path is None or not path.exists():
         return {}, 0
-    data = load_json(path)
+    data = load_json(path, unique_keys=False)
     if not isinstance(data, dict):
         raise PipelineError(
             f"{path}: expected a JSON object mapping relation ids to [name, description]; "
