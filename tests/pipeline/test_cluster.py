@@ -20,11 +20,15 @@ from pipeline.errors import PipelineError
 ROOT = Path(__file__).resolve().parents[2]
 
 
+class _Quiet(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:  # Dask's bytes are a bad request: no log
+        pass
+
+
 @contextlib.contextmanager
 def http_server() -> Iterator[str]:
     """A plain HTTP server on a loopback port (not a Dask scheduler); its ``host:port``."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                             http.server.BaseHTTPRequestHandler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Quiet)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
