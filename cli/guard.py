@@ -6,7 +6,8 @@
   hold one (``--force`` would replace a file in it that the command reads).
 * :func:`guard_process`: from a console script's first instruction to its last, SIGTERM
   ends the process with the same line and 143 (while the command's modules load, and after
-  its work, when nothing is being written).
+  its work, when nothing is being written), and a SIGINT inherited ignored (a command
+  started with ``&`` in a script) is taken back, so Ctrl-C ends it with 130.
 * :func:`run_command`: :func:`pipeline.errors.run_cli`, plus SIGTERM (``kill``, a job
   scheduler's stop) unwinding like Ctrl-C, so the temporaries of an unfinished write are
   removed; it ends with one ``error:`` line and exit status 143. Everything the command
@@ -35,12 +36,24 @@ class Terminated(BaseException):
     every ``finally`` and ``except BaseException`` (the atomic writers') runs on the way out."""
 
 
+def resolved(path: Path, what: str) -> Path:
+    """:func:`pipeline.io.resolved`, imported when first needed: this module is loaded before
+    the command's heavy imports (numpy, pyarrow), so that SIGTERM is handled meanwhile."""
+    from pipeline.io import resolved as follow
+
+    return follow(path, what)
+
+
 def same_file(a: Path, b: Path) -> bool:
-    """Whether ``a`` and ``b`` name one file: the same inode, or the same resolved path."""
+    """Whether ``a`` and ``b`` name one file: the same inode, or the same resolved path.
+
+    Raises:
+        PipelineError: one of them is a symbolic link that loops (:func:`resolved`).
+    """
     try:
         return os.path.samefile(a, b)
     except OSError:  # one of them does not exist (yet): compare where they would be
-        return a.resolve() == b.resolve()
+        return resolved(a, "path") == resolved(b, "path")
 
 
 def refuse_same(out: Path, what: str, others: dict[str, Path | None]) -> None:
@@ -49,8 +62,12 @@ def refuse_same(out: Path, what: str, others: dict[str, Path | None]) -> None:
     Raises:
         PipelineError: naming both options, before anything is read or written.
     """
+    resolved(out, what)  # a looping link: one line naming the option
     for name, other in others.items():
-        if other is not None and same_file(Path(out), Path(other)):
+        if other is None:
+            continue
+        resolved(other, name)
+        if same_file(Path(out), Path(other)):
             raise PipelineError(f"{what} {out} is also {name} {other} (the same file); "
                                 f"writing {what} would overwrite it, give another {what}")
 
@@ -64,12 +81,14 @@ def refuse_inside(out: Path, what: str, others: dict[str, Path | None]) -> None:
         PipelineError: naming the output and the input, before anything is read or written.
     """
     out = Path(out)
+    where = resolved(out, what)
     entries = list(out.iterdir()) if out.is_dir() else []
     for name, other in others.items():
         if other is None or not Path(other).exists():
             continue
         other = Path(other)
-        inside = other.resolve() == out.resolve() or out.resolve() in other.resolve().parents
+        there = resolved(other, name)
+        inside = there == where or where in there.parents
         if inside or any(same_file(entry, other) for entry in entries if entry.is_file()):
             raise PipelineError(
                 f"{what} {out} is or holds {name} {other}; writing {what} there would replace the "
@@ -95,12 +114,24 @@ def _exit_terminated(signum: int, frame: object) -> None:
     os._exit(TERMINATED)
 
 
+def take_interrupt() -> None:
+    """Let Ctrl-C (SIGINT) raise KeyboardInterrupt even when the process inherited SIGINT
+    ignored, as a command started in the background of a script (``regrab-predict ... &``)
+    does: Python keeps an inherited ignore, so ``kill -INT`` and Ctrl-C did nothing until
+    SIGKILL, while SIGTERM ended it. Main thread only (signals are set there)."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) == signal.SIG_IGN):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def guard_process() -> None:
     """Until the process ends, SIGTERM outside :func:`run_command` (loading the command's
-    modules, or after its work) exits 143 with one ``error:`` line. Call it first, before
-    the heavy imports; nothing is written then, so there is nothing to unwind."""
+    modules, or after its work) exits 143 with one ``error:`` line, and SIGINT is not left
+    ignored (:func:`take_interrupt`). Call it first, before the heavy imports; nothing is
+    written then, so there is nothing to unwind."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_terminated)
+        take_interrupt()
 
 
 def _terminate(owner: int) -> None:
@@ -147,6 +178,7 @@ def _run(main: Callable[[list[str] | None], object], argv: list[str] | None) -> 
         run_cli(main, argv)  # signal handlers can only be set from the main thread
         return
     owner = os.getpid()
+    take_interrupt()  # also run as ``python -m cli.<command>``, without the entry point
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: _terminate(owner))
     try:
         run_cli(main, argv)

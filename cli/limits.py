@@ -75,16 +75,23 @@ def check_chain_time(model: Any, ways: int, shots: int, chains: int) -> float:
                    "this checkpoint's")
 
 
-def check_stored_chains(paths: Sequence[Any], settings: Sequence[Any], episodes: int) -> None:
+def check_stored_chains(paths: Sequence[Any], settings: Sequence[Any], episodes: int) -> float:
     """:func:`check_chain_time` for the checkpoint files ``paths`` before any is loaded:
     ``episodes`` chains per setting (``ways`` and ``shots`` each), timed here at the default
-    encoding size (what matters is a chain of 10^9 steps, which no size makes short)."""
+    encoding size (what matters is a chain of 10^9 steps, which no size makes short). When
+    they pass :data:`LONG_S` in all, print the estimate. Returns their seconds."""
     from model.files.checkpoint import read_checkpoint
     from model.posterior.cost import DIM
 
-    for path in paths:
-        _chains(read_checkpoint(path).config, DIM,
-                [(s.ways, s.shots, episodes) for s in settings], f"{path}'s")
+    total = sum(_chains(read_checkpoint(path).config, DIM,
+                        [(s.ways, s.shots, episodes) for s in settings], f"{path}'s")
+                for path in paths)
+    if total > LONG_S:
+        print(f"estimate: about {duration(total)} on this machine for the posterior chains "
+              f"({episodes:,} episodes x {len(settings)} setting(s) x {len(paths)} "
+              "checkpoint(s), one chain each; measured here), besides the encoding; Ctrl-C "
+              "stops it", file=sys.stderr)
+    return total
 
 
 def _chains(config: Any, dim: int, runs: Sequence[tuple[int, int, int]], whose: str) -> float:

@@ -10,7 +10,8 @@ accuracies committed with it and which one is promoted (stage ``prod``: what ``r
 relation labels and graph, the pre-trained encoder, a model card) that ``regrab-predict
 --checkpoint DIR`` uses alone, with no project data and no ``params.yaml``. ``--out`` may be
 new, empty or a folder export wrote (replaced whole); a folder holding anything else is
-refused, or with ``--force`` only export's own files in it are replaced.
+refused, or with ``--force`` only export's own files in it are replaced. An ``encoder/``
+there holding a file export did not write is refused, ``--force`` or not.
 
 An ``--out`` that is or holds one of export's inputs (the checkpoint, ``--relations``,
 ``--report``) is refused, ``--force`` or not: export never replaces a file it reads.
@@ -46,12 +47,12 @@ from model.files.checkpoint import MODEL_FILE, STATE_FILE, convert_legacy
 from model.files.model_folder import OWN_ENTRIES, check_out, check_report, export
 from pipeline import registry, versions
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_path, check_writable
+from pipeline.io import atomic_path, check_writable, resolved
 
 
 def benchmark_of(checkpoint: Path) -> str | None:
     """``nyt25`` for ``models/nyt25/split_0/regrab/model.safetensors`` (None elsewhere)."""
-    parts = checkpoint.resolve().parts
+    parts = resolved(checkpoint, "checkpoint").parts
     for i, part in enumerate(parts[:-1]):
         if part == "models" and i + 2 < len(parts) and parts[i + 2].startswith("split_"):
             return parts[i + 1]

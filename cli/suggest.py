@@ -41,6 +41,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+#: typiclust's picks from which they show a bar (each is one k-means over the pool).
+PROGRESS_PICKS = 100
+
+
+def clamp_picks(picks: int, pool: int) -> int:
+    """``--picks`` for a pool of ``pool`` sentences: at most one pick per sentence, said on
+    stderr when ``picks`` asks for more (``--picks 1000000000`` ran on with no word)."""
+    if picks <= pool:
+        return picks
+    print(f"note: --picks {picks:,} is more than the pool's {pool:,} sentences; every pool "
+          f"sentence is ranked by repeated picks ({pool:,} picks, one k-means each: the "
+          "ranking's time grows with them, see docs/using-models.md)", file=sys.stderr)
+    return pool
+
+
 def suggest(argv: list[str] | None = None) -> dict[str, Any]:
     """Rank the pool, write ``--out`` atomically, print a summary; returns the summary."""
     args = parse_args(argv)
@@ -175,8 +191,10 @@ def suggest(argv: list[str] | None = None) -> dict[str, Any]:
         best += [summary.relations[i] for i in top.indices.tolist()]
         prob += top.values.tolist()
     if strategy == "typiclust":  # ranked by picks; its score is the typicality
+        picks = clamp_picks(args.picks, len(pool))
         order, score = typiclust_ranking(predictor.support_encodings, torch.cat(encodings),
-                                         torch.Generator().manual_seed(args.seed), args.picks)
+                                         torch.Generator().manual_seed(args.seed), picks,
+                                         progress=picks >= PROGRESS_PICKS)
     else:
         score = (random_scores((len(pool),), torch.Generator().manual_seed(args.seed))
                  if strategy == "random" else torch.cat(scores)).cpu().numpy()

@@ -12,16 +12,10 @@ scheduler (a proxy, another service) is refused within seconds.
 
 from __future__ import annotations
 
-import asyncio
-
-from pipeline.cluster import check_cluster
-from pipeline.errors import PipelineError
+from pipeline.cluster import HANDSHAKE_TIMEOUT_S, check_cluster
 from stages.check_params import check_params
 
 __all__ = ["HANDSHAKE_TIMEOUT_S", "check_params", "check_scheduler"]
-
-#: Seconds Dask's handshake may take; a scheduler answers in milliseconds.
-HANDSHAKE_TIMEOUT_S = 5.0
 
 
 def check_scheduler(address: str | None, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> str | None:
@@ -34,21 +28,5 @@ def check_scheduler(address: str | None, timeout_s: float = HANDSHAKE_TIMEOUT_S)
         PipelineError: a malformed address, nothing listening, or no Dask handshake within
             ``timeout_s`` seconds.
     """
-    url = check_cluster(address)
-    if url is None:
-        return None
-    from distributed.comm import connect
-
-    async def handshake() -> None:
-        comm = await connect(url, timeout=timeout_s)
-        await comm.close()
-
-    try:
-        # connect's own timeout does not bound the handshake: a silent peer would hang it.
-        asyncio.run(asyncio.wait_for(handshake(), timeout_s))
-    except OSError as exc:  # TimeoutError too
-        reason = str(exc) or f"no Dask handshake within {timeout_s:g} s"
-        raise PipelineError(
-            f"no Dask scheduler answers at {url} ({reason}); start one (`dask scheduler`), "
-            "fix the address, or drop --cluster to use a local cluster") from exc
-    return url
+    # The stages make the same check before they connect (pipeline.cluster).
+    return check_cluster(address, handshake_s=timeout_s)

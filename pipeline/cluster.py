@@ -22,6 +22,8 @@ ADDRESS_ENV = "REGRAB_DASK_ADDRESS"
 CONNECT_TIMEOUT_S = 10
 #: Seconds to wait for a TCP connection to a scheduler's address, checked first.
 PROBE_TIMEOUT_S = 5.0
+#: Seconds Dask's handshake may take after the TCP probe; a scheduler answers in milliseconds.
+HANDSHAKE_TIMEOUT_S = 5.0
 
 
 def add_cluster_argument(parser: argparse.ArgumentParser, what: str = "jobs") -> None:
@@ -37,16 +39,20 @@ def add_cluster_argument(parser: argparse.ArgumentParser, what: str = "jobs") ->
              f"${ADDRESS_ENV}; unset: this machine alone)")
 
 
-def check_cluster(address: str | None, connect: bool = True) -> str | None:
+def check_cluster(address: str | None, connect: bool = True,
+                  handshake_s: float = HANDSHAKE_TIMEOUT_S) -> str | None:
     """Normalise a Dask scheduler address (``host:port`` -> ``tcp://host:port``).
 
     Args:
         address: ``tcp://host:port``, ``tls://host:port`` or ``host:port``; None or
             empty for no cluster.
-        connect: also check that something accepts connections there.
+        connect: also check that a Dask scheduler answers there: a TCP connection, then
+            Dask's handshake within ``handshake_s`` seconds. Something that accepts
+            connections but is no scheduler (an HTTP server, a proxy) hung Dask's client
+            for minutes, deaf to Ctrl-C.
 
     Raises:
-        PipelineError: a malformed address, or nothing answering at it.
+        PipelineError: a malformed address, nothing answering at it, or no scheduler.
     """
     if not address:
         return None
@@ -66,7 +72,33 @@ def check_cluster(address: str | None, connect: bool = True) -> str | None:
             socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
         except OSError as exc:
             raise unreachable(url, exc) from exc
+        check_handshake(url, handshake_s)
     return url
+
+
+def check_handshake(url: str, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+    """Open and close one Dask connection to ``url``, within ``timeout_s`` seconds.
+
+    Raises:
+        PipelineError: no Dask handshake in time, or an answer that is not Dask's.
+    """
+    import asyncio
+
+    from distributed.comm import connect as dask_connect
+
+    async def handshake() -> None:
+        comm = await dask_connect(url, timeout=timeout_s)
+        await comm.close()
+
+    try:
+        # connect's own timeout does not bound the handshake: a silent peer would hang it.
+        asyncio.run(asyncio.wait_for(handshake(), timeout_s))
+    except Exception as exc:  # noqa: BLE001 - timed out, closed, or not Dask's answer
+        reason = str(exc) or f"no Dask handshake within {timeout_s:g} s"
+        raise PipelineError(
+            f"no Dask scheduler answers at {url} ({type(exc).__name__}: {reason[:200]}); "
+            f"start one (`dask scheduler`), fix the address, or drop --cluster / unset "
+            f"{ADDRESS_ENV} to use this machine alone") from exc
 
 
 def unreachable(address: str, exc: BaseException) -> PipelineError:

@@ -110,8 +110,30 @@ def convert(
     return table, report
 
 
-def load_json(path: Path, fix: str | None = None) -> Any:
+class _KeyTwice(ValueError):
+    """A JSON object names one key twice (the key is the argument)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s ``object_pairs_hook``: the object, refusing a key it names twice, which
+    ``json`` would keep the last of (a relation given twice lost its first sentences)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _KeyTwice(key)
+            seen.add(key)
+    return obj
+
+
+def load_json(path: Path, fix: str | None = None, unique_keys: bool = True) -> Any:
     """Load a JSON file, turning a missing, corrupt or hostile file into a one-line error.
+
+    With ``unique_keys``, an object that names a key twice (a relation given twice) is
+    refused, naming the key: ``json`` alone would keep the last and drop the rest without a
+    word. Relations files (``pid2name.json``) pass False: their readers keep one entry of a
+    name written twice alike, and ``regrab-predict`` refuses one written twice differently.
 
     Args:
         path: the file.
@@ -125,7 +147,12 @@ def load_json(path: Path, fix: str | None = None) -> Any:
         )
     try:
         with path.open("rb") as fh:
-            return json.load(fh)
+            return json.load(fh, object_pairs_hook=_unique_keys if unique_keys else None)
+    except _KeyTwice as exc:
+        raise PipelineError(
+            f"{path}: key {str(exc.args[0])[:80]!r} is given twice in one JSON object (only "
+            "the last would be read); merge the two into one entry, "
+            f"{fix or 'then re-fetch it with dvc repro -f fetch'}") from None
     except RecursionError as exc:
         raise PipelineError(f"{path} is nested too deeply to be FewRel data; replace it") from exc
     # ValueError covers JSONDecodeError, UnicodeDecodeError and over-long integer literals.
@@ -170,7 +197,7 @@ def load_relation_texts(path: Path) -> dict[str, tuple[str, str | None]]:
         PipelineError: not a JSON object, or an entry that is not ``[name]`` or
             ``[name, description]`` with a non-empty name.
     """
-    data = load_json(path, fix=f"fix {path}")
+    data = load_json(path, fix=f"fix {path}", unique_keys=False)
     if not isinstance(data, dict):
         raise PipelineError(f"{path}: expected a JSON object mapping each relation to [name, "
                             "description]; fix the file")
@@ -203,7 +230,7 @@ def load_relation_names(path: Path | None) -> tuple[dict[str, str], int]:
     """
     if path is None or not path.exists():
         return {}, 0
-    data = load_json(path)
+    data = load_json(path, unique_keys=False)
     if not isinstance(data, dict):
         raise PipelineError(
             f"{path}: expected a JSON object mapping relation ids to [name, description]; "

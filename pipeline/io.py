@@ -140,6 +140,22 @@ def atomic_entries(path: str | os.PathLike[str], names: tuple[str, ...]) -> Iter
         shutil.rmtree(work, ignore_errors=True)
 
 
+def resolved(path: str | os.PathLike[str], what: str = "path") -> Path:
+    """``path`` with every symbolic link followed, as :meth:`Path.resolve` gives it.
+
+    Raises:
+        PipelineError: a symbolic link on the way loops (one to itself, or two to each
+            other), which ``resolve`` reports as a RuntimeError (Python 3.11) or an OSError.
+    """
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError) as exc:
+        raise PipelineError(
+            f"{what} {path} is a symbolic link that loops (it points, perhaps through other "
+            f"links, back to itself: {type(exc).__name__}); remove the link or give another "
+            "path") from None
+
+
 def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
     """Check, before any long work, that a file can be created where ``path`` will be written.
 
@@ -151,6 +167,7 @@ def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
             (``/proc/x``, read-only, ...).
     """
     path = Path(path)
+    resolved(path, what)  # a link looping to itself: the write's rename would replace it
     if path.is_dir():  # the rename at the end would fail, after all the work
         raise PipelineError(f"{what} {path} is a folder; give the path of a file to write")
     try:

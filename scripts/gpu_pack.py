@@ -31,6 +31,8 @@ CALL_LIMIT = 64 * MIB
 DATA = ("splits", "graph/graph.parquet", "features/transe.parquet",
         "wikidata/relations.parquet", "raw/fewrel/pid2name.json")
 CODE = ("model", "pipeline", "stages", "cli", "benchmarks", "scripts", "orchestration")
+#: The most parts an encoder is cut into (carry_parts.sh numbers them with two digits).
+MAX_PARTS = 100
 #: The command every device call runs.
 COMMAND = "PYTHONPATH=$PWD python3 scripts/gpu_table.py --budget {budget} --out $OUT"
 
@@ -68,23 +70,70 @@ def folder_bytes(folder: Path) -> int:
 
 
 
-def pack(args: argparse.Namespace) -> None:
+def check_args(args: argparse.Namespace) -> None:
+    """Stop with one line, before anything is made, on a value pack would fail on later."""
+    from model.encoder.files import resolve_encoder_path
+    from pipeline.errors import PipelineError
+
     dest = args.dest
-    if dest.exists():
+    if os.path.lexists(dest):
         die(f"{dest} exists; remove it (rm -rf {dest}) or pass --dest")
+    if args.part_size < 0:
+        die(f"--part-size {args.part_size} must be a number of bytes (0: what fits one call)")
+    if args.budget <= 0:
+        die(f"--budget {args.budget} must be a positive number of seconds")
+    try:
+        source = Path(args.encoder) if args.no_export else Path(
+            resolve_encoder_path(args.encoder, local_only=True))
+    except PipelineError as exc:
+        die(f"--encoder {args.encoder} is not an encoder here ({exc})")
+    if not (source / "config.json").is_file() or (
+            args.no_export and not (source / "model.safetensors").is_file()):
+        die(f"--encoder {args.encoder} is not an encoder here (no folder with config.json"
+            f"{' and model.safetensors' if args.no_export else ''}); pass minilm, mpnet "
+            "(after `make encoder-mpnet`) or an encoder folder")
     for rel in DATA:
         if not (args.data / rel).exists():
             die(f"{args.data / rel} not found; run `dvc checkout` or `dvc repro split_nyt "
                 "build_graph` first")
     if not (ROOT / ".gitignore").read_text().count("/.gpu/") and dest.resolve().parent == ROOT:
         die("add /.gpu/ to .gitignore first, so the bundle travels only where it is carried")
-    dest.mkdir(parents=True)
+
+
+def pack(args: argparse.Namespace) -> None:
+    """:func:`check_args`, then the bundle in ``--dest``: whole, or (a failure, Ctrl-C) not
+    at all."""
+    check_args(args)
+    try:
+        args.dest.mkdir(parents=True)
+    except OSError as exc:
+        die(f"--dest {args.dest} cannot be made ({exc.strerror or type(exc).__name__}); give "
+            "a folder you can write to")
+    try:
+        _pack(args)
+    except BaseException:
+        shutil.rmtree(args.dest, ignore_errors=True)
+        raise
+
+
+def _run(cmd: list[str], what: str, **kwargs: object) -> None:
+    """Run a helper; its failure ends pack with one line (its own ``error:`` line, if any)."""
+    res = subprocess.run(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, check=False,
+                         **kwargs)
+    if res.returncode != 0:
+        said = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+        die(f"{what} failed (exit {res.returncode})"
+            + (f": {said[-1][len('error: '):]}" if said else f"; {res.stderr.strip()[-300:]}"))
+
+
+def _pack(args: argparse.Namespace) -> None:
+    dest = args.dest
     encoder = dest / "encoder"
     if args.no_export:
         shutil.copytree(args.encoder, encoder)
     else:
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "export_encoder_fp16.py"),
-                        args.encoder, str(encoder)], check=True, cwd=ROOT)
+        _run([sys.executable, str(ROOT / "scripts" / "export_encoder_fp16.py"),
+              args.encoder, str(encoder)], "the encoder's fp16 export")
     main = dest / "main"
     for rel in DATA:
         src, dst = args.data / rel, main / "data" / rel
@@ -97,9 +146,16 @@ def pack(args: argparse.Namespace) -> None:
     if room < 4 * MIB:
         die(f"the working tree is {tree / MIB:.1f} MiB; a device call carries 64 MiB in all")
     part = args.part_size or (room - small) // MIB * MIB
-    subprocess.run(["bash", str(ROOT / "scripts" / "carry_parts.sh"), "split", str(encoder),
-                    str(dest / "part")], check=True, cwd=ROOT,
-                   env={**os.environ, "PART_SIZE": str(part)})
+    if -(-weights // part) > MAX_PARTS:
+        die(f"--part-size {part} cuts the {weights / MIB:.1f} MiB encoder into more than "
+            f"{MAX_PARTS} parts (one device call each); give at least {-(-weights // MAX_PARTS)} "
+            "bytes, or leave --part-size out")
+    if part > room - small:
+        die(f"--part-size {part} does not fit one device call beside the {tree / MIB:.1f} MiB "
+            f"working tree; give at most {room - small} bytes, or leave --part-size out")
+    _run(["bash", str(ROOT / "scripts" / "carry_parts.sh"), "split", str(encoder),
+          str(dest / "part")], "cutting the encoder into parts",
+         env={**os.environ, "PART_SIZE": str(part)})
     parts = sorted(dest.glob("part[0-9]*"), key=lambda p: int(p.name[4:]))
     for p in parts:
         (p / "PARTS").write_text(f"{len(parts)}\n")

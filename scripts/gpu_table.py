@@ -21,6 +21,7 @@ root with PYTHONPATH set to it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -217,10 +218,50 @@ def stage(module: str, log: Log, *argv: str) -> float:
     return time.perf_counter() - t
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Stop with one line on a value that would run for nothing or fail after the work: a
+    budget or reserve that is not a finite number of seconds, too few steps, an unknown
+    method (checked by name, without importing the methods)."""
+    from model.methods.registry import check
+
+    if not (math.isfinite(args.budget) and args.budget > 0):
+        die(f"--budget {args.budget} must be a positive number of seconds")
+    for flag in ("eval_reserve", "bench_reserve", "margin"):
+        value = getattr(args, flag)
+        if not (math.isfinite(value) and value >= 0):
+            die(f"--{flag.replace('_', '-')} {value} must be a number of seconds, 0 or more")
+    if args.calibration_steps < 3:  # two warm-up steps, then at least one measured
+        die(f"--calibration-steps {args.calibration_steps} must be 3 or more")
+    if args.min_steps < 1 or args.max_steps < 0:
+        die(f"--min-steps {args.min_steps} must be 1 or more and --max-steps "
+            f"{args.max_steps} 0 (the preset's) or more")
+    try:
+        check(args.methods, "--methods")
+    except ValueError as exc:
+        die(str(exc))
+
+
+def make_folders(folders: dict[str, Path]) -> None:
+    """``mkdir -p`` each of ``{flag: folder}``, or one line saying which cannot be made (the
+    folders made before it are removed again)."""
+    made: list[Path] = []
+    for flag, path in folders.items():
+        if not path.is_dir():
+            made.append(path)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            for folder in made[:-1]:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            die(f"{flag} {path} cannot be made ({exc.strerror or type(exc).__name__}); give "
+                "a folder you can write to")
+
+
 def run(args: argparse.Namespace) -> None:
+    check_args(args)
     out, work = args.out, args.work
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
+    make_folders({"--out": out, "--work": work})
     log = Log(out / "log.txt")
     record: dict = {"started": datetime.now(UTC).isoformat(timespec="seconds"),
                     "budget_s": args.budget}

@@ -108,6 +108,7 @@ def _datasets(params: Path, root: Path) -> None:
 def _evaluate_memory(params: Path, root: Path) -> None:
     from model.episodes import Setting
     from model.evaluation.config import EvalConfig
+    from model.evaluation.shots import UnequalSetting
     from pipeline.budget import check_memory
     from pipeline.config import load_section
 
@@ -117,6 +118,68 @@ def _evaluate_memory(params: Path, root: Path) -> None:
                       + len(cfg.methods) * s.ways * cfg.queries * s.ways * 8
                       for s in map(Setting.parse, cfg.settings))
     check_memory(cfg.episodes, per_episode, "evaluate.episodes")
+    # An unequal setting's episodes, its _cut1 twin and its _step protocol, b shots at most.
+    per_unequal = sum(3 * (u.ways * (u.high + cfg.queries) * 8
+                           + len(cfg.methods) * u.ways * cfg.queries * u.ways * 8)
+                      for u in map(UnequalSetting.parse, cfg.unequal_settings))
+    check_memory(cfg.unequal_episodes, per_unequal, "evaluate.unequal_episodes")
+
+
+def _evaluate_sizes(params: Path, root: Path) -> None:
+    """Every ``evaluate`` setting fits each benchmark's test part: N ways at most its
+    relations, K (or an unequal setting's b) + ``evaluate.queries`` at most the sentences of
+    a relation, as the split sections say (a setting that does not fit failed after
+    training, when its episodes were drawn)."""
+    from model.episodes import Setting
+    from model.evaluation.config import EvalConfig
+    from model.evaluation.shots import UnequalSetting
+    from pipeline.config import load_params, load_section
+    from stages.split_fewrel import SplitFewrelParams
+    from stages.split_nyt import SplitParams
+
+    # The benchmarks whose test part is known without the data: the split stage's section
+    # and its schema, whose ``test_size`` says how many relations and sentences.
+    known = {"nyt25": ("split_nyt", SplitParams), "fewrel": ("split_fewrel", SplitFewrelParams)}
+
+    cfg = load_section(EvalConfig, "evaluate", params)
+    wanted = [(s, Setting.parse(s).ways, Setting.parse(s).shots, "evaluate.settings")
+              for s in cfg.settings]
+    wanted += [(s, u.ways, u.high, "evaluate.unequal_settings")
+               for s, u in ((s, UnequalSetting.parse(s)) for s in cfg.unequal_settings)]
+    for bench in load_params(params).get("benchmarks") or {}:
+        if bench not in known:
+            continue
+        section, schema = known[bench]
+        split = load_section(schema, section, params)
+        relations, sentences = split.test_size()
+        for text, ways, shots, key in wanted:
+            if ways > relations:
+                raise PipelineError(
+                    f"{key} has {text}: {ways} ways, more than the {relations} test relations "
+                    f"of each {bench} split ({section}); give at most {relations} ways")
+            if shots + cfg.queries > sentences:
+                raise PipelineError(
+                    f"{key} has {text}: {shots} shots + evaluate.queries {cfg.queries} = "
+                    f"{shots + cfg.queries} sentences per relation, more than the {sentences} "
+                    f"each {bench} test relation holds ({section}); give at most "
+                    f"{sentences - cfg.queries} shots")
+
+
+def _labelling_samples(params: Path, root: Path) -> None:
+    """``bald`` only for methods whose head draws posterior samples (it failed after the
+    labelling stage had loaded every checkpoint)."""
+    from model.methods import registry
+    from model.predict.config import ActiveLabellingParams
+    from pipeline.config import load_section
+
+    cfg = load_section(ActiveLabellingParams, "active_labelling", params)
+    for method, strategies in cfg.methods.items():
+        if "bald" in strategies and not registry.get(method).samples:
+            sampling = ", ".join(m for m in registry.names() if registry.get(m).samples)
+            raise PipelineError(
+                f"active_labelling.methods.{method} has bald, which ranks by the disagreement "
+                f"of posterior samples, and {method} draws none (one prototype per relation); "
+                f"drop bald there (methods with samples: {sampling})")
 
 
 def _langevin_time(params: Path, root: Path) -> None:
@@ -165,6 +228,8 @@ CROSS_CHECKS: list[tuple[tuple[str, ...], Callable[[Path, Path], Any]]] = [
     (("split_nyt.seeds",), _seeds),
     (("prepare_fewshot.datasets",), _datasets),
     (("evaluate",), _evaluate_memory),
+    (("evaluate", "benchmarks", "split_nyt", "split_fewrel"), _evaluate_sizes),
+    (("active_labelling",), _labelling_samples),
     (("model.langevin", "train", "benchmarks", "comparison", "evaluate"), _langevin_time),
 ]
 

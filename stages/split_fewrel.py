@@ -26,6 +26,10 @@ from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_dir, read_fewshot, write_parquet, write_yaml
 from pipeline.schemas import FEWSHOT_SCHEMA
 
+#: FewRel 1.0's ``val_wiki.json``, the test part: 16 relations of 700 sentences each (the
+#: file is pinned by its sha256 in ``fetch.files``).
+VAL_WIKI_RELATIONS, VAL_WIKI_SENTENCES = 16, 700
+
 
 @register_section("split_fewrel")
 @dataclass(frozen=True)
@@ -38,6 +42,12 @@ class SplitFewrelParams:
                                              "(never trained on)")
     max_per_relation: int = field(ge=0, doc="sentences kept per relation in every part, the "
                                             "first ones in file order (0 = all)")
+
+    def test_size(self) -> tuple[int, int]:
+        """(relations, sentences per relation) of the test part, known without the data:
+        what the params checks bound ``evaluate``'s ways and K + Q by."""
+        return VAL_WIKI_RELATIONS, min(self.max_per_relation or VAL_WIKI_SENTENCES,
+                                       VAL_WIKI_SENTENCES)
 
 
 def cap(table: pa.Table, limit: int) -> pa.Table:

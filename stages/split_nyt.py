@@ -79,6 +79,11 @@ def make_splits(table: pa.Table, out: Path, seeds: list[int], sizes: dict[str, i
     return summary
 
 
+#: Sentences of every relation in FewRel 2.0's ``val_nyt.json`` (25 relations x 100; the
+#: file is pinned by its sha256 in ``fetch.files``): what a test relation of a split holds.
+NYT_SENTENCES = 100
+
+
 @register_section("split_nyt")
 @dataclass(frozen=True)
 class SplitParams:
@@ -92,6 +97,11 @@ class SplitParams:
     min_instances: int = field(ge=1, doc="relations with fewer sentences are left out (and "
                                          "listed in splits.yaml): an episode needs K + Q "
                                          "sentences of each relation")
+
+    def test_size(self) -> tuple[int, int]:
+        """(relations, sentences per relation) of every split's test part, known without
+        the data: what the params checks bound ``evaluate``'s ways and K + Q by."""
+        return self.test_relations, NYT_SENTENCES
 
 
 def main(argv: list[str] | None = None) -> None:

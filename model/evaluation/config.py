@@ -106,6 +106,12 @@ class EvalConfig:
     def __post_init__(self) -> None:
         for s in self.unequal_settings:
             UnequalSetting.parse(s)
+        for key in ("settings", "unequal_settings"):
+            listed = getattr(self, key)
+            twice = sorted({s for s in listed if listed.count(s) > 1})
+            if twice:  # scored twice, one row of the report overwriting the other
+                raise ValueError(f"evaluate.{key} lists {', '.join(twice)} more than once; "
+                                 "name each setting once")
         if not self.settings:
             raise ValueError("evaluate.settings is empty; list at least one setting, e.g. "
                              "[5w1s, 5w5s]")

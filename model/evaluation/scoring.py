@@ -116,10 +116,10 @@ def score_episodes(
     parts: list[np.ndarray] = []
     scores: dict[str, list[np.ndarray]] = {}
     batches = math.ceil(relation.shape[0] / max(batch_size, 1))
-    # A long scoring (regrab-score --episodes 1000000) shows where it is; the default
-    # runs' few batches do not.
+    # A long scoring (regrab-score --episodes 1000000) shows where it is, in a log too (not
+    # only on a terminal: it ran minutes with no line); the default runs' few batches do not.
     bar = tqdm(total=batches, desc="episodes", unit="batch", leave=False,
-               disable=None if batches >= PROGRESS_BATCHES else True)
+               disable=batches < PROGRESS_BATCHES)
     for logits in log_predictive_batches(head, encodings, relation, support, query,
                                          relation_rows, batch_size, generator, samples=True,
                                          shots=shots):

@@ -30,6 +30,12 @@ from pipeline.io import atomic_dir, atomic_entries
 FOLDER_FORMAT = "regrab-model-folder-1"
 #: Everything :func:`export` writes in a folder; ``--force`` replaces these and no others.
 OWN_ENTRIES = ("config.json", "model.safetensors", "README.md", "encoder")
+#: What ``save_pretrained`` writes in ``encoder/`` for the encoders export copies; a folder
+#: exported before ``config.json`` recorded its ``encoder_files`` is checked against these.
+ENCODER_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt",
+                 "added_tokens.json", "sentencepiece.bpe.model", "spiece.model",
+                 "tokenizer.model", "generation_config.json")
 #: What the error messages tell a user to do with a folder that is not usable.
 FIX = "export it again with `regrab-models export`"
 #: The largest ``config.json`` read (a real one is a few kB; a graph of every Wikidata
@@ -161,10 +167,21 @@ def check_out(out: Path, force: bool = False) -> bool:
         return True
     cfg = out / "config.json"
     try:
-        ours = (cfg.is_file() and cfg.stat().st_size <= MAX_CONFIG_BYTES
-                and json.loads(cfg.read_text(encoding="utf-8")).get("format") == FOLDER_FORMAT)
+        meta = (json.loads(cfg.read_text(encoding="utf-8"))
+                if cfg.is_file() and cfg.stat().st_size <= MAX_CONFIG_BYTES else None)
+        ours = meta.get("format") == FOLDER_FORMAT
     except (ValueError, RecursionError, UnicodeDecodeError, AttributeError, OSError):
-        ours = False
+        meta, ours = None, False
+    # An encoder/ holding a file export did not write is never replaced, --force or not
+    # (--force replaces encoder/ whole, and so would delete the user's file).
+    theirs = _encoder_strangers(out / "encoder", meta if ours else None)
+    if theirs:
+        shown = ", ".join(f"'encoder/{n}'" for n in theirs[:3]) + (
+            " ..." if len(theirs) > 3 else "")
+        raise PipelineError(
+            f"--out {out}: its encoder/ holds {shown}, which regrab-models export did not "
+            "write; export replaces encoder/ whole (--force too) and never deletes what it "
+            "did not write: move those files out of encoder/, or give another --out")
     strangers = others if not ours else [n for n in others if n not in OWN_ENTRIES]
     if not strangers:
         return True
@@ -175,6 +192,19 @@ def check_out(out: Path, force: bool = False) -> bool:
             f"{shown}); give a new or empty folder, or add --force to replace only "
             f"{', '.join(OWN_ENTRIES)} there and keep the rest")
     return False
+
+
+def _encoder_strangers(encoder: Path, meta: dict[str, Any] | None) -> list[str]:
+    """The entries of ``encoder`` (paths relative to it) that :func:`export` did not write:
+    those outside the list its ``config.json`` records, or, in a folder exported before
+    the list was recorded, outside :data:`ENCODER_FILES`."""
+    if not encoder.is_dir() or encoder.is_symlink():
+        return []
+    recorded = (meta or {}).get("encoder_files")
+    known = (set(recorded) if isinstance(recorded, list) and all(
+        isinstance(n, str) for n in recorded) else set(ENCODER_FILES))
+    return sorted(str(p.relative_to(encoder)) for p in encoder.rglob("*")
+                  if str(p.relative_to(encoder)) not in known)
 
 
 def export(model: Checkpoint, checkpoint: Path, out: Path,
@@ -223,7 +253,6 @@ def export(model: Checkpoint, checkpoint: Path, out: Path,
     }
     with atomic_dir(out) if whole else atomic_entries(out, OWN_ENTRIES) as tmp:
         tensor_file.save_tensors(tmp / "model.safetensors", model.state)
-        (tmp / "config.json").write_text(json.dumps(meta, indent=1) + "\n")
         if with_encoder:
             from transformers import AutoModel, AutoTokenizer
 
@@ -237,6 +266,10 @@ def export(model: Checkpoint, checkpoint: Path, out: Path,
                 stray.unlink()
             for written in (tmp / "encoder").glob("*.safetensors"):
                 tensor_file.user_mode(written)
+            # What a later export may replace: a file a user adds to encoder/ is kept.
+            meta["encoder_files"] = sorted(str(p.relative_to(tmp / "encoder"))
+                                           for p in (tmp / "encoder").rglob("*"))
+        (tmp / "config.json").write_text(json.dumps(meta, indent=1) + "\n")
         (tmp / "README.md").write_text(model_card(meta, with_encoder))
     return out
 

@@ -191,5 +191,6 @@ def _bmaml(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> Bmaml
 
 METHODS = (
     Method("bmaml", _bmaml, "prototype particles moved by SVGD on the support, predictive "
-           "averaged over particles (Yoon et al., 2018)", seed=7, stepwise=True),
+           "averaged over particles (Yoon et al., 2018)", seed=7, stepwise=True,
+           samples=True),
 )

@@ -63,6 +63,9 @@ class Method:
             (None: it reads none).
         stepwise: its head runs ``model.langevin.steps`` tensor updates per episode whatever
             the likelihood (SVGD), so each step costs what a softmax SGLD step does.
+        samples: its head scores with several posterior samples of the prototypes, so the
+            ``bald`` labelling strategy can rank by their disagreement (the params checks
+            refuse ``bald`` for the others).
     """
 
     name: str
@@ -74,6 +77,7 @@ class Method:
     seed: int | None = None
     sizes: Literal["gnn", "snail", "pair"] | None = None
     stepwise: bool = False
+    samples: bool = False
 
     @property
     def seed_stream(self) -> int:

@@ -165,7 +165,8 @@ def _regrab_no_prior(config: RegrabConfig, graph: RelationGraph | None, dim: int
 
 METHODS = (
     Method("regrab", _regrab, "prototypes with the graph (and label) prior, Langevin "
-           "posterior samples (ours)", uses_graph=True, zero_shot=True, seed=0),
+           "posterior samples (ours)", uses_graph=True, zero_shot=True, seed=0, samples=True),
     Method("regrab_no_prior", _regrab_no_prior,
-           "REGRAB with h_r = 0: the posterior without the graph prior (ablation)", seed=1),
+           "REGRAB with h_r = 0: the posterior without the graph prior (ablation)", seed=1,
+           samples=True),
 )

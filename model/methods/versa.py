@@ -140,5 +140,5 @@ def _versa(config: RegrabConfig, graph: RelationGraph | None, dim: int) -> Versa
 
 METHODS = (
     Method("versa", _versa, "amortised Gaussian over each prototype, predictive averaged "
-           "over samples (Gordon et al., 2019)", seed=6),
+           "over samples (Gordon et al., 2019)", seed=6, samples=True),
 )

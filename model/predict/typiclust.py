@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 #: Nearest neighbours a sentence's typicality averages over (the paper's 20).
 NEIGHBOURS = 20
@@ -141,19 +142,20 @@ def typiclust_pick(labelled: torch.Tensor, pool: torch.Tensor, free: torch.Tenso
 
 
 def typiclust_order(labelled: torch.Tensor, pool: torch.Tensor, generator: torch.Generator,
-                    picks: int) -> np.ndarray:
+                    picks: int, progress: bool = False) -> np.ndarray:
     """Pool positions in the order to label them: the first ``picks`` by repeated
     :func:`typiclust_pick` (each pick counted as labelled for the next), the rest by their
-    typicality in the pool, highest first (:func:`typiclust_ranking`'s order).
+    typicality in the pool, highest first (:func:`typiclust_ranking`'s order). ``progress``: a
+    bar of the picks (one k-means each, so a long ranking shows where it is).
 
     Shapes:
         labelled: (L, D), pool: (P, D) -> (P,) int64
     """
-    return typiclust_ranking(labelled, pool, generator, picks)[0]
+    return typiclust_ranking(labelled, pool, generator, picks, progress)[0]
 
 
 def typiclust_ranking(labelled: torch.Tensor, pool: torch.Tensor, generator: torch.Generator,
-                      picks: int) -> tuple[np.ndarray, np.ndarray]:
+                      picks: int, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """:func:`typiclust_order` and every pool sentence's :func:`typicality` in the pool (the
     inverse of its mean Euclidean distance to its nearest pool sentences): a score a user
     can read, where the order is the picks'.
@@ -164,7 +166,8 @@ def typiclust_ranking(labelled: torch.Tensor, pool: torch.Tensor, generator: tor
     p = pool.shape[0]
     free = torch.ones(p, dtype=torch.bool)
     order: list[int] = []
-    for _ in range(min(picks, p)):
+    for _ in tqdm(range(min(picks, p)), desc="typiclust picks", unit="pick",
+                  disable=not progress):
         i = typiclust_pick(labelled, pool, free, generator)
         order.append(i)
         free[i] = False

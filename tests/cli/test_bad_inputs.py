@@ -193,6 +193,25 @@ def test_score_counts_a_relation_given_with_no_sentences(models, tmp_path, capsy
     assert report["relations"]["too_few_sentences"] == {"P9": 0}
 
 
+def test_score_refuses_a_relation_given_twice(models, tmp_path, capsys):
+    rows = toy_table(["P6", "P7", "P8"], 6, seed=5).to_pylist()
+    data: dict[str, list[str]] = {}
+    for r in rows:
+        data.setdefault(r["relation"], []).append(json.dumps(
+            {"tokens": r["tokens"], "h": ["h", "Q1", [list(range(r["head_start"],
+                                                                  r["head_end"]))]],
+             "t": ["t", "Q2", [list(range(r["tail_start"], r["tail_end"]))]]}))
+    # P6 with its six sentences, then again with one: json kept the one, silently.
+    text = ", ".join(f'"{k}": [{", ".join(v)}]' for k, v in data.items())
+    path = tmp_path / "own.json"
+    path.write_text("{" + text + f', "P6": [{data["P6"][0]}]' + "}")
+    err = _one_error(capsys, lambda: score.main(
+        ["--data", str(path), "--models", str(models[0]), "--out", str(tmp_path / "s"),
+         "--methods", "regrab", "--settings", "3w1s", "--params", str(models[1])]))
+    assert f"{path}: key 'P6' is given twice" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["own.json"]
+
+
 def test_score_output_folder_that_cannot_be_written(models, capsys, tmp_path):
     data = tmp_path / "own.json"
     data.write_text("{}")
@@ -324,3 +343,38 @@ def test_a_version_that_cannot_be_had_is_one_line(files, capsys, tmp_path, monke
     argv[1] = model
     assert says in _one_error(capsys, lambda: predict.main(argv))
     assert sorted(p.name for p in tmp_path.iterdir()) == ([".git"] if git else [])
+
+
+# ------------------------------------------------------------------ symbolic link loops
+
+
+@pytest.mark.parametrize("flag", ["--out", "--support-scores", "--support", "--queries"])
+def test_a_path_that_is_a_looping_link_is_one_line(files, capsys, tmp_path, monkeypatch, flag):
+    monkeypatch.setattr(predict.Predictor, "from_checkpoint", _never_loaded)
+    loop = tmp_path / "loop.jsonl"
+    loop.symlink_to(loop)  # resolve() raised RuntimeError: a traceback
+    argv = {"--out": _argv(files, loop), "--support": _argv(files, tmp_path / "o.jsonl",
+                                                            support=loop),
+            "--queries": _argv(files, tmp_path / "o.jsonl", queries=loop),
+            "--support-scores": [*_argv(files, tmp_path / "o.jsonl"), flag, str(loop)]}[flag]
+    err = _one_error(capsys, lambda: predict.main(argv))
+    assert f"{loop} is a symbolic link that loops" in err and "remove the link" in err
+    assert loop.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["loop.jsonl"]
+
+
+def test_export_of_a_looping_link_is_one_line(files, capsys, tmp_path):
+    from cli import models
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    for argv in (["export", str(a), "--out", str(tmp_path / "m"), "--no-encoder"],
+                 ["export", str(files["ckpt"]), "--out", str(a), "--no-encoder"],
+                 ["convert", str(files["ckpt"]), "--out", str(a)]):
+        err = _one_error(capsys, lambda argv=argv: models.main(argv))
+        assert f"{a} is a symbolic link that loops" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def _never_loaded(*args, **kwargs):
+    raise AssertionError("the checkpoint was loaded before the paths were checked")

@@ -113,6 +113,31 @@ def test_export_replaces_a_folder_it_wrote_whole(files, tmp_path, capsys):
     assert "is a file" in err
 
 
+def test_export_keeps_a_file_a_user_added_to_its_encoder_folder(files, tmp_path, capsys):
+    out = tmp_path / "mine"
+    models.main(["export", str(files["ckpt"]), "--out", str(out)])
+    (out / "encoder" / "mynotes.txt").write_text("mine")
+    before = _tree(out)
+    for extra in ([], ["--no-encoder"], ["--force"], ["--force", "--no-encoder"]):
+        err = _one_error(capsys, lambda extra=extra: models.main(
+            ["export", str(files["ckpt"]), "--out", str(out), *extra]))
+        assert "encoder/mynotes.txt" in err and "move" in err, err
+        assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+    # A folder exported before config.json listed encoder/'s files: the names export writes.
+    meta = json.loads((out / "config.json").read_text())
+    assert "mynotes.txt" not in meta.pop("encoder_files")
+    (out / "config.json").write_text(json.dumps(meta))
+    err = _one_error(capsys, lambda: models.main(
+        ["export", str(files["ckpt"]), "--out", str(out), "--no-encoder"]))
+    assert "encoder/mynotes.txt" in err and "tokenizer" not in err
+    # Moved away, the folder is export's own again and replaced whole.
+    (out / "encoder" / "mynotes.txt").unlink()
+    models.main(["export", str(files["ckpt"]), "--out", str(out), "--no-encoder"])
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json",
+                                                     "model.safetensors"]
+
+
 #: Seconds a child may take to reach a point or to end, even on a machine whose cores are
 #: all busy (the slow export sleeps longer still, so a lost signal fails, not hangs).
 LOADED_MACHINE_LIMIT = 900
@@ -481,3 +506,45 @@ def test_the_process_ends_with_the_command_leaving_no_moment_without_a_handler(f
     assert proc.returncode == 0 and stderr == "", stderr[-2000:]
     assert not flag.exists()  # neither the return nor the atexit handler ran
     assert (out / "model.safetensors").is_file() and stdout.startswith("exported ")
+
+
+_ENCODING = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import model.predict.predictor as predictor
+    from cli import entry
+
+    flag = Path(sys.argv.pop(1))
+
+    def slow_encode(*args, **kwargs):  # stands for the encoding of a large support
+        flag.write_text("encoding")
+        for _ in range(9000):
+            time.sleep(0.3)
+
+    predictor.encode_all = slow_encode
+    entry.predict()
+""")
+
+
+@pytest.mark.slow  # a Python child that imports torch
+def test_ctrl_c_stops_predict_started_with_sigint_ignored(files, tmp_path):
+    """A command started in the background of a script (``regrab-predict ... &``) inherits
+    SIGINT ignored, which Python keeps: a Ctrl-C or ``kill -INT`` mid-encoding then did
+    nothing until SIGKILL. The entry point takes SIGINT back."""
+    flag, out = tmp_path / "flag", tmp_path / "preds.jsonl"
+    cmd = [sys.executable, "-c", _ENCODING, str(flag), *_predict_argv(files, out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.monotonic() + LOADED_MACHINE_LIMIT
+    try:
+        while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+            subprocess.run(["sleep", "0.1"], check=True)
+        assert flag.exists(), proc.communicate()[1][-2000:]
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)  # the encoding would take 45 min
+    finally:
+        proc.kill()
+    assert proc.returncode == INTERRUPTED, stderr[-2000:]
+    assert stderr.count("\n") == 1 and stderr.startswith("error: interrupted"), stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flag"]

@@ -158,3 +158,34 @@ def test_fewrel_test_refuses_a_fifo(files, capsys, tmp_path, flag):
         args += [flag, str(fifo)]
     err = one_error(capsys, lambda: fewrel_test.main(args))
     assert str(fifo) in err and not out.exists()
+
+
+def test_score_of_many_episodes_prints_its_estimate_and_a_bar(files, capsys, tmp_path,
+                                                              monkeypatch):
+    """regrab-score --episodes 1000000 printed nothing for minutes after the encoder's bars:
+    now the chains' estimate first, then a bar of the episodes, in a log too."""
+    import shutil
+
+    import yaml
+
+    from cli import score
+    from model.evaluation import scoring
+    from model.files.checkpoint import MODEL_FILE
+    from tests.conftest import project_params
+
+    folder = tmp_path / "models" / "split_0" / "regrab"
+    folder.mkdir(parents=True)
+    shutil.copy(files["ckpt"], folder / MODEL_FILE)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(project_params(evaluate={
+        "episodes": 4, "queries": 1, "device": "cpu", "batch_episodes": 2})))
+    monkeypatch.setattr(limits, "LONG_S", -1.0)  # every run is long
+    monkeypatch.setattr(scoring, "PROGRESS_BATCHES", 2)  # 8 episodes in 4 batches
+    score.main(["--data", str(files["root"] / "val.json"), "--models", str(tmp_path / "models"),
+                "--out", str(tmp_path / "s"), "--methods", "regrab", "--settings", "3w1s",
+                "--params", str(params), "--episodes", "8"])
+    err = capsys.readouterr().err  # not a terminal, as a log is not
+    estimate = next(line for line in err.splitlines() if line.startswith("estimate: "))
+    assert "for the posterior chains (8 episodes x 1 setting(s) x 1 checkpoint(s)" in estimate
+    assert "episodes:   0%| " in err and "0/4 [" in err
+    assert (tmp_path / "s.json").exists()

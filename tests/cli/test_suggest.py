@@ -119,6 +119,22 @@ def test_typiclust_is_the_default_and_ranks_by_repeated_picks_for_any_method(fil
     assert rows[0]["line"] == first + 1
 
 
+def test_more_picks_than_the_pool_are_clamped_and_said(files, tmp_path, capsys, monkeypatch):
+    """--picks 1000000000 ran with no word: now one note, and a bar of the picks."""
+    monkeypatch.setattr(suggest, "PROGRESS_PICKS", 2)
+    out = tmp_path / "ranked.jsonl"
+    capsys.readouterr()
+    result = suggest.suggest(_argv(files, out, "proto", "--picks", "1000000000"))
+    err = capsys.readouterr().err
+    assert "note: --picks 1,000,000,000 is more than the pool's 6 sentences; every pool " \
+           "sentence is ranked by repeated picks (6 picks" in err
+    assert "typiclust picks: 100%" in err and "6/6" in err
+    same = tmp_path / "same.jsonl"  # clamped: the ranking of --picks 6
+    suggest.suggest(_argv(files, same, "proto", "--picks", "6"))
+    assert result["ranked"] == 6 and out.read_text() == same.read_text()
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_random_is_seeded(files, tmp_path):
     orders = []
     for seed in (1, 1, 2):

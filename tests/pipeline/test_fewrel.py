@@ -57,6 +57,23 @@ def test_load_json_gives_the_callers_advice(tmp_path: Path) -> None:
         load_json(tmp_path / "bad.json", fix="give a file")
 
 
+def test_a_key_given_twice_is_refused_naming_it_and_the_file(tmp_path: Path) -> None:
+    """json keeps the last of two equal keys: a relation given twice (40 sentences, then 2)
+    silently lost its first 40."""
+    record = json.dumps(fewrel_record(TOKENS, [0], [4]))
+    path = tmp_path / "twice.json"
+    path.write_text('{"P1": [' + ",".join([record] * 40) + '], "P2": [' + record
+                    + '], "P1": [' + record + "," + record + "]}")
+    with pytest.raises(PipelineError, match=r"twice.json: key 'P1' is given twice .*merge "
+                                            r".*, give a file$"):
+        load_json(path, fix="give a file")
+    # A relations file keeps its own rule (regrab-predict refuses different texts only).
+    (tmp_path / "names.json").write_text('{"P1": ["a"], "P1": ["a"]}')
+    assert load_relation_texts(tmp_path / "names.json") == {"P1": ("a", None)}
+    path.write_text('{"P1": [' + record + '], "P2": [' + record + "]}")
+    assert sorted(load_json(path)) == ["P1", "P2"]
+
+
 def test_relation_names_skip_malformed_entries(tmp_path: Path) -> None:
     (tmp_path / "pid2name.json").write_text('{"P1": ["one", "d"], "P2": [], "P3": [3]}')
     assert load_relation_names(tmp_path / "pid2name.json") == ({"P1": "one"}, 2)

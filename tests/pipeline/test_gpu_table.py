@@ -140,3 +140,71 @@ def test_pack_carry_and_run_the_table_on_the_cpu(packed):
     assert record["plan"]["steps"] == 2  # the floor, since nothing fits one second
     assert record["splits"] == ["split_0"]  # no split after the first past the deadline
     assert "not starting split_1" in stdout and "bench_train.py skipped" in stdout
+
+
+# ------------------------------------------------------------------ bad arguments
+
+
+def _refused(name: str, *args: str, cwd: Path = ROOT) -> str:
+    """Run a script that must stop with one ``error:`` line and exit 2; returns the line."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, str(SCRIPTS / name), *args], cwd=cwd, env=env,
+                         capture_output=True, text=True, check=False, timeout=300)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: "), res.stderr[-2000:]
+    return res.stderr
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--budget", "-5"], "--budget -5.0"),
+    (["--budget", "nan"], "--budget nan"),
+    (["--budget", "inf"], "--budget inf"),
+    (["--methods", "bogus"], "unknown method(s) ['bogus']"),
+    (["--methods", "proto", "proto"], "more than once"),
+    (["--calibration-steps", "1"], "--calibration-steps 1"),
+    (["--min-steps", "0"], "--min-steps 0"),
+    (["--margin", "-1"], "--margin -1.0"),
+    (["--out", "/proc/no/such/out"], "--out /proc/no/such/out cannot be made"),
+])
+def test_gpu_table_refuses_bad_arguments_before_any_work(tmp_path, args, words):
+    work = tmp_path / "work"
+    err = _refused("gpu_table.py", "--bundle", str(tmp_path / "bundle"), "--work", str(work),
+                   *(["--out", str(tmp_path / "out")] if "--out" not in args else []), *args)
+    assert words in err, err
+    assert list(tmp_path.iterdir()) == []  # neither --out nor --work was made
+
+
+def _stub_data(root: Path) -> Path:
+    """A data folder whose files exist (pack reads them only after the checks)."""
+    from scripts.gpu_pack import DATA
+
+    data = root / "data"
+    for rel in DATA:
+        (data / rel).parent.mkdir(parents=True, exist_ok=True)
+        (data / rel).write_text("")
+    return data
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--encoder", "bogus"], "--encoder bogus is not"),
+    (["--encoder", "/no/such/folder", "--no-export"], "--encoder /no/such/folder is not"),
+    (["--part-size", "-1"], "--part-size -1"),
+    (["--budget", "0"], "--budget 0"),
+    (["--dest", "/proc/no/such/.gpu", "--encoder", "minilm"],
+     "--dest /proc/no/such/.gpu cannot be made"),
+])
+def test_gpu_pack_refuses_bad_arguments_and_leaves_no_dest(tmp_path, args, words):
+    data = _stub_data(tmp_path)
+    dest = ["--dest", str(tmp_path / "bundle")] if "--dest" not in args else []
+    err = _refused("gpu_pack.py", "--data", str(data), *dest, *args)
+    assert words in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
+@pytest.mark.slow  # exports a tiny encoder (torch)
+def test_gpu_pack_that_fails_after_the_export_leaves_no_dest(tmp_path):
+    data = _stub_data(tmp_path)
+    err = _refused("gpu_pack.py", "--data", str(data), "--dest", str(tmp_path / "bundle"),
+                   "--encoder", str(tiny_encoder(tmp_path / "bert")), "--part-size", "100")
+    assert "--part-size 100 cuts" in err and "parts" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bert", "data"]

@@ -90,3 +90,55 @@ def test_values_that_would_run_wrong_are_refused(tmp_path, monkeypatch, section,
         cp.main(["--params", str(path), "--out", str(tmp_path / "checked")])
     assert message in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("evaluate.unequal_settings", ["5w1-999s"],
+     "5w1-999s: 999 shots + evaluate.queries 5 = 1004 sentences per relation, more than the "
+     "100 each nyt25 test relation holds"),
+    ("evaluate.unequal_settings", ["30w1-5s"],
+     "30w1-5s: 30 ways, more than the 10 test relations of each nyt25 split"),
+    ("evaluate.settings", ["30w1s"], "30w1s: 30 ways, more than the 10 test relations"),
+    ("evaluate.settings", ["5w96s"], "give at most 95 shots"),
+    ("split_nyt.test_relations", 4, "5w1s: 5 ways, more than the 4 test relations"),
+    ("split_fewrel.max_per_relation", 50, "more than the 50 each fewrel test relation holds"),
+    ("evaluate.unequal_episodes", 10**12, "evaluate.unequal_episodes 1000000000000 would need"),
+    ("evaluate.settings", ["5w1s", "5w5s", "5w1s"], "evaluate.settings lists 5w1s more than "
+                                                    "once"),
+    ("evaluate.unequal_settings", ["5w1-5s", "5w1-5s"], "evaluate.unequal_settings lists "
+                                                         "5w1-5s more than once"),
+    ("active_labelling.methods", {"regrab": ["bald"], "proto": ["bald"]},
+     "active_labelling.methods.proto has bald"),
+    ("active_labelling.methods", {"proto_label": ["entropy", "bald"]},
+     "active_labelling.methods.proto_label has bald"),
+])
+def test_values_that_failed_after_training_are_refused(tmp_path, monkeypatch, key, value,
+                                                       message):
+    """Each passed every check and failed only when evaluate (or the labelling simulation)
+    drew its episodes, after the models had trained."""
+    monkeypatch.chdir(ROOT)
+    section, name = key.split(".")
+    if key == "split_fewrel.max_per_relation":  # 50 sentences: 5w50s no longer fits
+        def edit(p):
+            p[section][name] = value
+            p["evaluate"]["settings"] = ["5w1s", "5w50s"]
+    else:
+        def edit(p):
+            p[section][name] = value
+    path = _params(tmp_path, edit)
+    with pytest.raises(PipelineError, match="fix params.yaml$") as err:
+        cp.main(["--params", str(path), "--out", str(tmp_path / "checked")])
+    assert message in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_the_largest_settings_that_fit_pass(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+    def edit(p):
+        p["evaluate"]["settings"] = ["10w95s"]
+        p["evaluate"]["unequal_settings"] = ["10w1-95s"]
+        p["active_labelling"]["methods"] = {"versa": ["bald"], "bmaml": ["bald"]}
+    path = _params(tmp_path, edit)
+    cp.check_params(yaml.safe_load(path.read_text()), yaml.safe_load(path.read_text()), {},
+                    ROOT)
