@@ -61,7 +61,7 @@ from model.predict.sentences import Sentence, parse_sentence
 from model.prior.labels import PRIOR_KINDS, relation_name
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError
-from pipeline.fewrel import load_json, relation_text
+from pipeline.fewrel import load_json, load_relation_texts
 from pipeline.io import atomic_path, check_writable
 
 COMMANDS = ("predict", "make", "score")
@@ -143,15 +143,15 @@ def parse_episodes(data: Any, source: str = "input") -> list[TestEpisode]:
 
 def read_pid2name(path: Path) -> dict[str, tuple[str, str | None]]:
     """Names and descriptions from FewRel's ``pid2name.json`` (``{"P17": [name, description]}``)
-    as :func:`pipeline.fewrel.relation_text` reads them."""
+    as :func:`pipeline.fewrel.load_relation_texts` reads them; a key written twice is refused."""
     fix = "give --pid2name FewRel's pid2name.json: {\"P17\": [name, description], ...}"
     check_readable(path, "--pid2name")
-    data = load_json(path, fix=fix)
-    if not isinstance(data, Mapping):
-        raise PipelineError(f"--pid2name {path} is not a JSON object; {fix}")
-    texts = {pid: relation_text(value) for pid, value in data.items()}
+    try:
+        texts = load_relation_texts(path, fix=fix, unique_keys=True)
+    except PipelineError as exc:
+        raise PipelineError(f"--pid2name {exc}") from None
     for pid, text in texts.items():
-        if text is None or lone_surrogate([pid, *(t for t in text if t)]):
+        if lone_surrogate([pid, *(t for t in text if t)]):
             raise PipelineError(f"--pid2name {path}: {pid!r} is not [name, description] with "
                                 f"a name; {fix}")
     return texts

@@ -25,16 +25,39 @@ class BadRecord(ValueError):
     """A record that cannot be used; the message is the skip reason."""
 
 
-def _span(entity: Any, n_tokens: int, side: str) -> tuple[int, int, str | None]:
-    if not isinstance(entity, list) or len(entity) < 3:
-        raise BadRecord(f"{side}_malformed")
+def mention_positions(entity: Any) -> Any:
+    """The token positions of a FewRel entity's first mention, as written (not checked).
+
+    The one reading of FewRel's ``h``/``t`` entry, ``[name, id, [[positions], ...]]``, for
+    the pipeline's reader and for users' records (:mod:`model.predict.sentences`).
+
+    Raises:
+        BadRecord: ``malformed`` (not ``[name, id, mentions]``) or ``no_mention`` (no first
+            mention that is a list).
+    """
+    if not isinstance(entity, list | tuple) or len(entity) < 3:
+        raise BadRecord("malformed")
     mentions = entity[2]
-    if not isinstance(mentions, list) or not mentions or not isinstance(mentions[0], list):
-        raise BadRecord(f"{side}_no_mention")
-    positions = mentions[0]
+    if not isinstance(mentions, list | tuple) or not mentions \
+            or not isinstance(mentions[0], list):
+        raise BadRecord("no_mention")
+    return mentions[0]
+
+
+def mention_span(positions: list[int]) -> tuple[int, int]:
+    """The half-open ``[start, end)`` token span of a mention's (non-empty) positions: FewRel
+    lists them one by one, so the span runs from the lowest to past the highest."""
+    return min(positions), max(positions) + 1
+
+
+def _span(entity: Any, n_tokens: int, side: str) -> tuple[int, int, str | None]:
+    try:
+        positions = mention_positions(entity)
+    except BadRecord as exc:
+        raise BadRecord(f"{side}_{exc}") from None
     if not positions or not all(isinstance(p, int) and not isinstance(p, bool) for p in positions):
         raise BadRecord(f"{side}_bad_positions")
-    start, end = min(positions), max(positions) + 1
+    start, end = mention_span(positions)
     if start < 0 or end > n_tokens:
         raise BadRecord(f"{side}_span_outside_sentence")
     qid = entity[1] if isinstance(entity[1], str) and entity[1] else None
@@ -184,7 +207,27 @@ def relation_text(value: Any) -> tuple[str, str | None] | None:
     return (name, description or None) if name else None
 
 
-def load_relation_texts(path: Path) -> dict[str, tuple[str, str | None]]:
+def read_relations_file(path: Path, fix: str, unique_keys: bool = False) -> dict[str, Any]:
+    """The JSON object of a relations file, FewRel's ``pid2name.json`` format
+    (``{"key": ["name", "description"], ...}``), its entries as written.
+
+    The one reader of that format's file: every caller reads the entries with its own rule
+    (:func:`relation_text` for a user's file, the parse stage's lenient reading of FewRel's).
+    A key written twice is kept once (the last), as ``json`` does, unless ``unique_keys``.
+
+    Raises:
+        PipelineError: the file is missing, not JSON, or not a JSON object; ``fix`` ends the
+            line.
+    """
+    data = load_json(path, fix=fix, unique_keys=unique_keys)
+    if not isinstance(data, dict):
+        raise PipelineError(f"{path}: expected a JSON object mapping each relation to [name, "
+                            f"description]; {fix}")
+    return data
+
+
+def load_relation_texts(path: Path, fix: str | None = None, unique_keys: bool = False
+                        ) -> dict[str, tuple[str, str | None]]:
     """Map relation key -> (name, description) from a relations file a user gives.
 
     The format is FewRel's ``pid2name.json``: ``{"key": ["name", "description"], ...}``; the
@@ -193,20 +236,21 @@ def load_relation_texts(path: Path) -> dict[str, tuple[str, str | None]]:
     file is the user's statement of what their relations mean. Entries are read by
     :func:`relation_text`.
 
+    Args:
+        fix: what to do about a bad file (default: fix it).
+        unique_keys: refuse a key written twice, even with the same text.
+
     Raises:
         PipelineError: not a JSON object, or an entry that is not ``[name]`` or
             ``[name, description]`` with a non-empty name.
     """
-    data = load_json(path, fix=f"fix {path}", unique_keys=False)
-    if not isinstance(data, dict):
-        raise PipelineError(f"{path}: expected a JSON object mapping each relation to [name, "
-                            "description]; fix the file")
+    fix = fix or f"fix {path}"
     texts: dict[str, tuple[str, str | None]] = {}
-    for key, value in data.items():
+    for key, value in read_relations_file(path, fix, unique_keys).items():
         text = relation_text(value)
         if text is None:
-            raise PipelineError(f"{path}: entry {str(key)[:80]!r} is {str(value)[:80]!r}, not "
-                                "[name, description] with a non-empty name; fix the file")
+            raise PipelineError(f"{path}: entry {str(key)[:80]!r} is not [name, description] "
+                                f"with a non-empty name ({str(value)[:80]}); {fix}")
         texts[key] = text
     return texts
 
@@ -230,12 +274,7 @@ def load_relation_names(path: Path | None) -> tuple[dict[str, str], int]:
     """
     if path is None or not path.exists():
         return {}, 0
-    data = load_json(path, unique_keys=False)
-    if not isinstance(data, dict):
-        raise PipelineError(
-            f"{path}: expected a JSON object mapping relation ids to [name, description]; "
-            "re-fetch it with dvc repro -f fetch"
-        )
+    data = read_relations_file(path, "re-fetch it with dvc repro -f fetch")
     names = {
         pid: value[0]
         for pid, value in data.items()

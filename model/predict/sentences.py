@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.errors import PipelineError
+from pipeline.fewrel import BadRecord, mention_positions, mention_span
 from pipeline.schemas import FEWSHOT_SCHEMA
 
 MARKER_RE = re.compile(r"\[(/?)E([12])\]", re.IGNORECASE)
@@ -113,16 +114,14 @@ def _position(value: Any, what: str) -> int:
 def _fewrel_span(entity: Any, which: str) -> tuple[int, int]:
     """``[start, end)`` of the first mention of a FewRel ``h``/``t`` entry."""
     try:
-        positions = entity[2][0]
-    except (TypeError, IndexError, KeyError, ValueError):
-        positions = None
-    if not isinstance(positions, list):
+        positions = mention_positions(entity)
+    except BadRecord:
         raise PipelineError(
-            f"'{which}' is not a FewRel entity [name, id, [[positions]]]; fix the record")
+            f"'{which}' is not a FewRel entity [name, id, [[positions]]]; fix the record"
+        ) from None
     if not positions:
         raise PipelineError(f"'{which}' has no token positions; fix the record")
-    positions = [_position(p, f"'{which}'") for p in positions]
-    return min(positions), max(positions) + 1
+    return mention_span([_position(p, f"'{which}'") for p in positions])
 
 
 def has_sentence(record: Mapping[str, Any]) -> bool:

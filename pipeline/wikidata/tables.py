@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.errors import PipelineError
+from pipeline.fewrel import read_relations_file
 from pipeline.io import atomic_path
 from pipeline.schemas import RELATIONS_SCHEMA, TRIPLES_SCHEMA
 from pipeline.wikidata.collect import ParseResult
@@ -116,21 +117,23 @@ def load_pid2name(path: Path) -> Pid2Name:
 
     A description that is not a string is skipped and counted, like a bad field of a dump.
 
+    The file is read by :func:`pipeline.fewrel.read_relations_file`; its entries by this
+    stage's own, lenient rule (FewRel's placeholders are missing text, a key written twice
+    keeps its last entry).
+
     Raises:
         PipelineError: The file is missing or not in that layout (a name that is no string).
     """
     try:
-        data = orjson.loads(path.read_bytes())
-    except OSError as exc:
-        raise PipelineError(
-            f"cannot read --pid2name {path} ({exc.strerror}); check the path"
-        ) from exc
-    except orjson.JSONDecodeError as exc:
+        data = read_relations_file(path, "download FewRel's pid2name.json again")
+    except PipelineError as exc:
+        raise PipelineError(f"--pid2name {exc}") from None
+    try:  # a lone surrogate escape ("\\ud800") decodes but cannot be written to Parquet
+        orjson.dumps(data)
+    except orjson.JSONEncodeError as exc:
         raise PipelineError(
             f"--pid2name {path} is not valid JSON ({exc}); download it again"
-        ) from exc
-    if not isinstance(data, dict):
-        raise PipelineError(f"--pid2name {path} is not a JSON object of Pid -> [name, ...]")
+        ) from None
     out = Pid2Name()
     for key, value in data.items():
         number = id_number(key, "P")

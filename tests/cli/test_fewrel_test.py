@@ -200,7 +200,7 @@ def test_bad_relation_lists_give_one_error_line(root, capsys, relation, words):
 
 
 @pytest.mark.parametrize(("text", "words"), [
-    ('["P17"]', "is not a JSON object"),
+    ('["P17"]', "expected a JSON object"),
     ('{"P17": []}', "'P17' is not [name, description]"),
     ('{"P17": [3, "x"]}', "'P17' is not [name, description]"),
     ('{"P17": "country"}', "'P17' is not [name, description]"),
