@@ -11,8 +11,7 @@ written.
 from __future__ import annotations
 
 import shutil
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import pyarrow.parquet as pq
 
 from pipeline.io import atomic_path, write_json
 from pipeline.wikidata.formats import InputFormat
-from pipeline.wikidata.parse import MAX_EXAMPLES, TEXT_FIELDS
+from pipeline.wikidata.parse import TEXT_FIELDS, LineCounts
 from pipeline.wikidata.ranges import RangeResult, WorkRange
 
 _PART_SCHEMA = pa.schema([("h", pa.uint32()), ("r", pa.uint32()), ("t", pa.uint32())])
@@ -84,8 +83,8 @@ def manifest(paths: list[Path], formats: list[InputFormat], range_bytes: int) ->
     return {"version": 2, "range_bytes": range_bytes, "inputs": inputs}
 
 
-@dataclass
-class FileStats:
+@dataclass(kw_only=True)
+class FileStats(LineCounts):
     """Per-input counts for the summary and the report."""
 
     name: str
@@ -95,36 +94,19 @@ class FileStats:
     ranges: int = 0
     damaged_ranges: int = 0
     lines: int = 0
-    records: int = 0
-    entities: int = 0
-    properties: int = 0
     triples: int = 0
     distinct_triples: int = 0
     new_triples: int = 0
-    malformed: Counter = field(default_factory=Counter)
-    malformed_statements: int = 0
-    malformed_texts: Counter = field(default_factory=Counter)
-    examples: list[tuple[int, str, str]] = field(default_factory=list)
     stream_error: str | None = None
     seconds: float = 0.0
     cpu_seconds: float = 0.0
 
     def add(self, work: WorkRange, result: RangeResult) -> None:
         """Add the next range of this file (ranges must come in order)."""
-        first_line = self.lines  # lines before this range
+        self.add_counts(result, first_line=self.lines)  # lines before this range
         self.ranges += 1
         self.lines += result.lines
-        self.records += result.records
-        self.entities += result.entities
-        self.properties += result.properties
         self.triples += len(result.heads)
-        self.malformed.update(result.malformed)
-        self.malformed_statements += result.malformed_statements
-        self.malformed_texts.update(result.malformed_texts)
-        room = MAX_EXAMPLES - len(self.examples)
-        self.examples.extend(
-            (first_line + line, reason, text) for line, reason, text in result.examples[:room]
-        )
         self.seconds += result.seconds
         self.cpu_seconds += result.cpu_seconds
         if result.stream_error is not None:

@@ -186,7 +186,8 @@ def parse_inputs(
             "names, so list each file once and rename clashing ones"
         )
     stats = [
-        FileStats(path.name, str(path), fmt, path.stat().st_size)
+        FileStats(name=path.name, path=str(path), format=fmt,
+                  compressed_bytes=path.stat().st_size)
         for path, fmt in zip(paths, formats, strict=True)
     ]
     # Workers open a range by its path, so a worker in another folder needs it absolute.

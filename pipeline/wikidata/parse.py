@@ -41,15 +41,10 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass
-class BatchResult:
-    """What one batch of lines produced; returned from the worker processes.
+class LineCounts:
+    """The counts kept of what was read, the same for a batch, a range and a whole input.
 
     Attributes:
-        heads, relations, tails: Triple ids as numbers (``Q42`` -> 42), uint32 arrays
-            (``array("I")`` from the line loops, numpy from the columnar path).
-        labels: English labels of property entities, by property number.
-        descriptions: Their English descriptions, by property number.
-        aliases: Their English aliases (never an empty list), by property number.
         records: Non-blank lines read (entities for dumps, rows for triple files).
         entities: Dump lines that parsed into an entity.
         properties: Property entities among them.
@@ -60,12 +55,6 @@ class BatchResult:
         examples: ``(line number, reason, text)`` of the first malformed lines.
     """
 
-    heads: array | np.ndarray = field(default_factory=lambda: array("I"))
-    relations: array | np.ndarray = field(default_factory=lambda: array("I"))
-    tails: array | np.ndarray = field(default_factory=lambda: array("I"))
-    labels: dict[int, str] = field(default_factory=dict)
-    descriptions: dict[int, str] = field(default_factory=dict)
-    aliases: dict[int, list[str]] = field(default_factory=dict)
     records: int = 0
     entities: int = 0
     properties: int = 0
@@ -73,6 +62,42 @@ class BatchResult:
     malformed_statements: int = 0
     malformed_texts: Counter = field(default_factory=Counter)
     examples: list[tuple[int, str, str]] = field(default_factory=list)
+
+    def add_counts(self, other: LineCounts, first_line: int = 0) -> None:
+        """Add the counts of what was read next; its example line numbers count from
+        ``first_line`` + 1. Examples stop at :data:`MAX_EXAMPLES`."""
+        self.records += other.records
+        self.entities += other.entities
+        self.properties += other.properties
+        self.malformed.update(other.malformed)
+        self.malformed_statements += other.malformed_statements
+        self.malformed_texts.update(other.malformed_texts)
+        room = MAX_EXAMPLES - len(self.examples)
+        self.examples.extend(
+            (first_line + line, reason, text) for line, reason, text in other.examples[:room]
+        )
+
+
+@dataclass
+class BatchResult(LineCounts):
+    """What one batch of lines produced; returned from the worker processes.
+
+    Attributes:
+        heads, relations, tails: Triple ids as numbers (``Q42`` -> 42), uint32 arrays
+            (``array("I")`` from the line loops, numpy from the columnar path).
+        labels: English labels of property entities, by property number.
+        descriptions: Their English descriptions, by property number.
+        aliases: Their English aliases (never an empty list), by property number.
+        records, entities, properties, malformed, malformed_statements, malformed_texts,
+            examples: As in :class:`LineCounts`.
+    """
+
+    heads: array | np.ndarray = field(default_factory=lambda: array("I"))
+    relations: array | np.ndarray = field(default_factory=lambda: array("I"))
+    tails: array | np.ndarray = field(default_factory=lambda: array("I"))
+    labels: dict[int, str] = field(default_factory=dict)
+    descriptions: dict[int, str] = field(default_factory=dict)
+    aliases: dict[int, list[str]] = field(default_factory=dict)
 
     def bad(self, line_no: int, reason: str, text: bytes | str) -> None:
         """Count one malformed line (or statement, or text field: ``reason`` is

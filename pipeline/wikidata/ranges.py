@@ -32,7 +32,7 @@ import numpy as np
 
 from pipeline.wikidata.bz2blocks import DamagedBlock, iter_blocks
 from pipeline.wikidata.formats import STREAM_ERRORS, InputFormat, open_stream
-from pipeline.wikidata.parse import MAX_EXAMPLES, parse_batch
+from pipeline.wikidata.parse import MAX_EXAMPLES, LineCounts, parse_batch
 
 #: Compressed bytes per work unit (about 15 minutes of one core on a Wikidata bz2 dump).
 DEFAULT_RANGE_BYTES = 64 << 20
@@ -118,7 +118,7 @@ def _pieces(work: WorkRange) -> Iterator[tuple[bool, bytes]]:
 
 
 @dataclass
-class RangeResult:
+class RangeResult(LineCounts):
     """What one range produced; small enough to travel back from a worker.
 
     Attributes:
@@ -127,7 +127,7 @@ class RangeResult:
             number (the first seen of each).
         lines: Lines the range owns (numbers in ``examples`` count from its first, 1).
         records, entities, properties, malformed, malformed_statements, malformed_texts,
-            examples: As in :class:`pipeline.wikidata.parse.BatchResult`, summed over the
+            examples: As in :class:`pipeline.wikidata.parse.LineCounts`, summed over the
             range.
         stream_error: The damage that ended the range early, if any.
         cut_short: The text ended at damage (here or in the next range's first block).
@@ -142,13 +142,6 @@ class RangeResult:
     descriptions: dict[int, str] = field(default_factory=dict)
     aliases: dict[int, list[str]] = field(default_factory=dict)
     lines: int = 0
-    records: int = 0
-    entities: int = 0
-    properties: int = 0
-    malformed: Counter = field(default_factory=Counter)
-    malformed_statements: int = 0
-    malformed_texts: Counter = field(default_factory=Counter)
-    examples: list[tuple[int, str, str]] = field(default_factory=list)
     stream_error: str | None = None
     seconds: float = 0.0
     cpu_seconds: float = 0.0
@@ -303,13 +296,7 @@ def parse_range(
                              (result.aliases, batch.aliases)):
             for number, text in theirs.items():
                 mine.setdefault(number, text)
-        result.records += batch.records
-        result.entities += batch.entities
-        result.properties += batch.properties
-        result.malformed.update(batch.malformed)
-        result.malformed_statements += batch.malformed_statements
-        result.malformed_texts.update(batch.malformed_texts)
-        result.examples.extend(batch.examples[: MAX_EXAMPLES - len(result.examples)])
+        result.add_counts(batch)
     if heads:
         result.heads = np.concatenate(heads)
         result.relations = np.concatenate(relations)
