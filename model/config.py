@@ -185,51 +185,37 @@ OLD_HEAD_SIZES: dict[str, dict[str, Any]] = {
 }
 
 
-def upgrade(d: Any) -> Any:
-    """A config dict with the keys older versions did not write, at the values they used.
+#: What a checkpoint written before a key existed did, as (section, key, value): each
+#: value keeps that behaviour. Added in this order, after the keys the checkpoint wrote.
+OLD_DEFAULTS: tuple[tuple[str, str, Any], ...] = (
+    ("encoder", "block_norm", False),  # the encoding was normalised as one
+    ("prior", "text", False),  # the prior read the graph only
+    ("prior", "descriptions", False),  # the prior read names only
+    ("prior", "zero_shot_mean", False),  # zero-shot training sampled
+    ("prior", "named", "fallback"),  # a named relation's graph term was the fallback vector
+    ("prior", "mix", "fixed"),  # h_r as trained
+    ("langevin", "eval_samples", 0),  # evaluation drew ``samples``
+    ("langevin", "prior_trust", "fixed"),  # every way had precision lambda
+    ("langevin", "predictive", "samples"),  # the average of the samples
+    ("langevin", "predictive_dims", 1.0),  # unused with samples
+    ("langevin", "prototype_scoring", "mean"),  # plain support means
+    ("langevin", "balanced_members", 0),  # oversampled to equal shots
+)
 
-    Anything that is not a dict is returned as it is, for :func:`parse_section` to refuse.
+
+def upgrade(d: Any) -> Any:
+    """A config dict with the keys older versions did not write, at the values they used
+    (:data:`OLD_DEFAULTS`, then a head's sizes and metric temperature).
+
+    Anything that is not a dict is returned as it is, for :func:`parse_section` to refuse;
+    so is a section that is not a dict.
     """
     if not isinstance(d, dict):
         return d
     d = dict(d)
-    if isinstance(d.get("encoder"), dict) and "block_norm" not in d["encoder"]:
-        # Written before block_norm existed: the encoding was normalised as one.
-        d["encoder"] = {**d["encoder"], "block_norm": False}
-    if isinstance(d.get("prior"), dict) and "text" not in d["prior"]:
-        # Written before model.prior.text existed: the prior read the graph only.
-        d["prior"] = {**d["prior"], "text": False}
-    if isinstance(d.get("prior"), dict) and "descriptions" not in d["prior"]:
-        # Written before model.prior.descriptions existed: the prior read names only.
-        d["prior"] = {**d["prior"], "descriptions": False}
-    if isinstance(d.get("prior"), dict) and "zero_shot_mean" not in d["prior"]:
-        # Written before model.prior.zero_shot_mean existed: zero-shot training sampled.
-        d["prior"] = {**d["prior"], "zero_shot_mean": False}
-    if isinstance(d.get("prior"), dict) and "named" not in d["prior"]:
-        # Written before model.prior.named existed: a named relation's graph term was the
-        # fallback vector.
-        d["prior"] = {**d["prior"], "named": "fallback"}
-    if isinstance(d.get("prior"), dict) and "mix" not in d["prior"]:
-        # Written before model.prior.mix existed: h_r as trained.
-        d["prior"] = {**d["prior"], "mix": "fixed"}
-    if isinstance(d.get("langevin"), dict) and "eval_samples" not in d["langevin"]:
-        # Written before model.langevin.eval_samples existed: evaluation drew ``samples``.
-        d["langevin"] = {**d["langevin"], "eval_samples": 0}
-    if isinstance(d.get("langevin"), dict) and "prior_trust" not in d["langevin"]:
-        # Written before model.langevin.prior_trust existed: every way had precision lambda.
-        d["langevin"] = {**d["langevin"], "prior_trust": "fixed"}
-    if isinstance(d.get("langevin"), dict) and "predictive" not in d["langevin"]:
-        # Written before model.langevin.predictive existed: the average of the samples.
-        d["langevin"] = {**d["langevin"], "predictive": "samples"}
-    if isinstance(d.get("langevin"), dict) and "predictive_dims" not in d["langevin"]:
-        # Written before model.langevin.predictive_dims existed (unused with samples).
-        d["langevin"] = {**d["langevin"], "predictive_dims": 1.0}
-    if isinstance(d.get("langevin"), dict) and "prototype_scoring" not in d["langevin"]:
-        # Written before model.langevin.prototype_scoring existed: plain support means.
-        d["langevin"] = {**d["langevin"], "prototype_scoring": "mean"}
-    if isinstance(d.get("langevin"), dict) and "balanced_members" not in d["langevin"]:
-        # Written before model.langevin.balanced_members existed: oversampled to equal shots.
-        d["langevin"] = {**d["langevin"], "balanced_members": 0}
+    for section, key, value in OLD_DEFAULTS:
+        if isinstance(d.get(section), dict) and key not in d[section]:
+            d[section] = {**d[section], key: value}
     method = d.get("method")
     if isinstance(method, str) and method in OLD_HEAD_SIZES and method not in d:
         # Written before model.heads existed: the head had the code's sizes.
