@@ -46,12 +46,10 @@ class LineCounts:
 
     Attributes:
         records: Non-blank lines read (entities for dumps, rows for triple files).
-        entities: Dump lines that parsed into an entity.
-        properties: Property entities among them.
-        malformed: Skipped lines per reason.
-        malformed_statements: Statements skipped inside otherwise good entities.
-        malformed_texts: Text fields skipped inside property entities, per
-            :data:`TEXT_FIELDS` name.
+        entities, properties: Dump lines that parsed into an entity; property entities.
+        malformed, malformed_statements: Skipped lines per reason; statements skipped
+            inside otherwise good entities.
+        malformed_texts: Text fields skipped inside property entities, per TEXT_FIELDS name.
         examples: ``(line number, reason, text)`` of the first malformed lines.
     """
 
@@ -64,18 +62,15 @@ class LineCounts:
     examples: list[tuple[int, str, str]] = field(default_factory=list)
 
     def add_counts(self, other: LineCounts, first_line: int = 0) -> None:
-        """Add the counts of what was read next; its example line numbers count from
-        ``first_line`` + 1. Examples stop at :data:`MAX_EXAMPLES`."""
+        """Add what was read next, its example line numbers counted after ``first_line``."""
         self.records += other.records
         self.entities += other.entities
         self.properties += other.properties
         self.malformed.update(other.malformed)
         self.malformed_statements += other.malformed_statements
         self.malformed_texts.update(other.malformed_texts)
-        room = MAX_EXAMPLES - len(self.examples)
-        self.examples.extend(
-            (first_line + line, reason, text) for line, reason, text in other.examples[:room]
-        )
+        self.examples += [(first_line + line, reason, text) for line, reason, text
+                          in other.examples[: MAX_EXAMPLES - len(self.examples)]]
 
 
 @dataclass
@@ -85,11 +80,8 @@ class BatchResult(LineCounts):
     Attributes:
         heads, relations, tails: Triple ids as numbers (``Q42`` -> 42), uint32 arrays
             (``array("I")`` from the line loops, numpy from the columnar path).
-        labels: English labels of property entities, by property number.
-        descriptions: Their English descriptions, by property number.
-        aliases: Their English aliases (never an empty list), by property number.
-        records, entities, properties, malformed, malformed_statements, malformed_texts,
-            examples: As in :class:`LineCounts`.
+        labels, descriptions, aliases: English labels, descriptions and aliases (never an
+            empty list) of property entities, by property number.
     """
 
     heads: array | np.ndarray = field(default_factory=lambda: array("I"))
@@ -100,8 +92,7 @@ class BatchResult(LineCounts):
     aliases: dict[int, list[str]] = field(default_factory=dict)
 
     def bad(self, line_no: int, reason: str, text: bytes | str) -> None:
-        """Count one malformed line (or statement, or text field: ``reason`` is
-        ``"statement"`` or one of :data:`TEXT_FIELDS`) and keep the first few as examples."""
+        """Count a malformed line, a "statement" or a TEXT_FIELDS field; keep the first few."""
         if reason in TEXT_FIELDS:
             self.malformed_texts[reason] += 1
         elif reason != "statement":
