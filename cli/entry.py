@@ -61,4 +61,4 @@ def models() -> None:
 
 def fewrel_test() -> None:
     """``regrab-fewrel-test``."""
-    _run("fewrel_test")
+    _run("fewrel_submission")

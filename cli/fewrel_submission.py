@@ -379,7 +379,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def fewrel_test(argv: list[str] | None = None) -> dict[str, Any]:
+def fewrel_submission(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse the arguments and run one subcommand; returns what it computed."""
     import sys
 
@@ -393,7 +393,7 @@ def fewrel_test(argv: list[str] | None = None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point ``regrab-fewrel-test``: one ``error:`` line on bad input (exit 2);
     Ctrl-C exits 130, SIGTERM 143."""
-    run_command(fewrel_test, argv)
+    run_command(fewrel_submission, argv)
 
 
 if __name__ == "__main__":

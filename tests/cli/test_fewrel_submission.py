@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from cli.fewrel_test import fewrel_test, main, read_pid2name
+from cli.fewrel_submission import fewrel_submission, main, read_pid2name
 from model.methods.regrab import RegrabHead
 from model.predict.predictor import Predictor
 from tests.cli.inputs import fewrel_record
@@ -16,7 +16,7 @@ RELATIONS = ["P5", "P6", "P7", "P8"]
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     """A FewRel-format file of 4 toy relations x 5 sentences, and tiny checkpoints."""
-    root = tmp_path_factory.mktemp("fewrel_test")
+    root = tmp_path_factory.mktemp("fewrel_submission")
     data = {}
     for row in toy_table(RELATIONS, 5, seed=5).to_pylist():
         data.setdefault(row["relation"], []).append(fewrel_record(row))
@@ -76,7 +76,7 @@ def test_answer_files_are_ints_in_range_and_make_repeats(root):
 
 
 def _predict(root, ckpt, name="test.json", *extra):
-    return fewrel_test(["--checkpoint", str(ckpt), "--input", str(root / name), "--out",
+    return fewrel_submission(["--checkpoint", str(ckpt), "--input", str(root / name), "--out",
                         str(root / "pred.json"), "--device", "cpu", "--seed", "3", *extra])
 
 

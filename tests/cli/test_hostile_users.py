@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from cli import fewrel_test, predict, score
+from cli import fewrel_submission, predict, score
 from cli.files import write_predictions
 from cli.text import EscapingStream, lone_surrogate, printable
 from model.files.checkpoint import MODEL_FILE
@@ -107,15 +107,15 @@ def test_jsonl_is_strict_json(tmp_path):
 
 
 def test_fewrel_test_nan_probabilities_stop_predict(files, tmp_path, capsys, monkeypatch):
-    inputs, _ = fewrel_test.make_episodes(files["fewrel"], 2, 1, 3, 0)
+    inputs, _ = fewrel_submission.make_episodes(files["fewrel"], 2, 1, 3, 0)
     data = tmp_path / "test.json"
     data.write_text(json.dumps(inputs))
 
     def nan_log_probs(logits):
         return torch.full((*logits.shape[:-3], *logits.shape[-2:]), math.nan)
 
-    monkeypatch.setattr(fewrel_test, "mc_log_probs", nan_log_probs)
-    err = _last_error(capsys, lambda: fewrel_test.main(
+    monkeypatch.setattr(fewrel_submission, "mc_log_probs", nan_log_probs)
+    err = _last_error(capsys, lambda: fewrel_submission.main(
         ["predict", "--checkpoint", str(files["ckpt"]), "--input", str(data), "--out",
          str(tmp_path / "pred.json"), "--device", "cpu"]))
     assert "non-finite probabilities" in err and "episode 0" in err
@@ -129,7 +129,7 @@ def test_fewrel_test_make_refuses_nan_it_would_write(files, tmp_path, capsys):
         for record in records:
             record["score"] = math.nan  # json.loads reads a bare NaN; strict readers do not
     data.write_text(json.dumps(fewrel))
-    err = _one_error(capsys, lambda: fewrel_test.main(
+    err = _one_error(capsys, lambda: fewrel_submission.main(
         ["make", "--data", str(data), "--ways", "2", "--episodes", "2",
          "--out", str(tmp_path / "t.json"), "--answers", str(tmp_path / "a.json")]))
     assert "would hold NaN or Infinity, which is not JSON" in err and str(data) in err
@@ -273,11 +273,12 @@ def test_lone_surrogates_in_names_and_fields(files, tmp_path, capsys):
     assert "skipped line 3: holds a lone surrogate" in capsys.readouterr().out
     assert not list(tmp_path.glob(".*.tmp"))
     # FewRel's test input reaches the sentence parser itself.
-    episodes = json.loads(json.dumps(fewrel_test.make_episodes(files["fewrel"], 2, 1, 2, 0)[0]))
+    episodes = json.loads(json.dumps(
+        fewrel_submission.make_episodes(files["fewrel"], 2, 1, 2, 0)[0]))
     episodes[1]["meta_test"]["tokens"][0] = "\ud800"
     test = tmp_path / "test.json"
     test.write_text(json.dumps(episodes))
-    err = _one_error(capsys, lambda: fewrel_test.main(
+    err = _one_error(capsys, lambda: fewrel_submission.main(
         ["--checkpoint", str(files["ckpt"]), "--input", str(test), "--out",
          str(tmp_path / "p.json"), "--device", "cpu"]))
     assert "episode 1 meta_test: token 0 '\\ud800' holds a lone surrogate" in err
@@ -318,7 +319,7 @@ def test_predict_numbers_out_of_range(files, tmp_path, capsys, monkeypatch, extr
 
 def test_fewrel_test_numbers_out_of_range(files, tmp_path, capsys):
     def make(*extra):
-        return lambda: fewrel_test.main(["make", "--data", str(files["val"]), "--out",
+        return lambda: fewrel_submission.main(["make", "--data", str(files["val"]), "--out",
                                          str(tmp_path / "t.json"), "--answers",
                                          str(tmp_path / "a.json"), "--ways", "2", *extra])
 
@@ -326,11 +327,11 @@ def test_fewrel_test_numbers_out_of_range(files, tmp_path, capsys):
     err = _one_error(capsys, make("--episodes", str(10**12)))
     assert f"--episodes {10**12} would need about" in err and "give at most" in err
     test = tmp_path / "test.json"
-    test.write_text(json.dumps(fewrel_test.make_episodes(files["fewrel"], 2, 1, 2, 0)[0]))
+    test.write_text(json.dumps(fewrel_submission.make_episodes(files["fewrel"], 2, 1, 2, 0)[0]))
     for extra, words in ((["--seed", str(2**70)], "out of range"),
                          (["--threads", "100000"], "--threads 100000"),
                          (["--batch-size", "0"], "--batch-size must be >= 1")):
-        err = _one_error(capsys, lambda extra=extra: fewrel_test.main(
+        err = _one_error(capsys, lambda extra=extra: fewrel_submission.main(
             ["predict", "--checkpoint", str(files["ckpt"]), "--input", str(test), "--out",
              str(tmp_path / "p.json"), "--device", "cpu", *extra]))
         assert words in err
@@ -358,7 +359,7 @@ def test_a_folder_where_a_file_belongs(files, tmp_path, capsys, monkeypatch):
         err = _one_error(capsys, lambda flag=flag: score.main(
             [*_score_argv(files, tmp_path / "s"), flag, str(tmp_path)]))
         assert f"{flag} {tmp_path} is a folder; give a file" in err
-    err = _one_error(capsys, lambda: fewrel_test.main(
+    err = _one_error(capsys, lambda: fewrel_submission.main(
         ["score", "--pred", str(tmp_path), "--answers", str(files["val"])]))
     assert f"--pred {tmp_path} is a folder" in err
     assert list(tmp_path.iterdir()) == []

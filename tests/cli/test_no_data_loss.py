@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cli import fewrel_test, guard, models, predict, score
+from cli import fewrel_submission, guard, models, predict, score
 from model.files import model_folder
 from pipeline.errors import INTERRUPTED, PipelineError
 from pipeline.io import atomic_path, atomic_paths
@@ -226,7 +226,7 @@ def test_fewrel_test_outputs_that_are_inputs_are_refused(files, tmp_path, capsys
     same = tmp_path / "test.json"
 
     def make(out, answers):
-        return lambda: fewrel_test.main(["make", "--data", str(data), "--ways", "2",
+        return lambda: fewrel_submission.main(["make", "--data", str(data), "--ways", "2",
                                          "--episodes", "2", "--out", str(out),
                                          "--answers", str(answers)])
 
@@ -234,7 +234,7 @@ def test_fewrel_test_outputs_that_are_inputs_are_refused(files, tmp_path, capsys
     assert f"--answers {same} is also --out {same}" in err
     assert "is also --data" in _one_error(capsys, make(data, tmp_path / "gold.json"))
     assert "is also --data" in _one_error(capsys, make(same, data))
-    err = _one_error(capsys, lambda: fewrel_test.main(
+    err = _one_error(capsys, lambda: fewrel_submission.main(
         ["predict", "--checkpoint", str(files["ckpt"]), "--input", str(data), "--out",
          str(data), "--device", "cpu"]))
     assert "is also --input" in err
@@ -296,7 +296,7 @@ def test_predict_out_that_is_a_folder_stops_before_predicting(files, tmp_path, c
     out.mkdir()
     err = _one_error(capsys, lambda: predict.main(_predict_argv(files, out)))
     assert f"output {out} is a folder" in err
-    err = _one_error(capsys, lambda: fewrel_test.main(
+    err = _one_error(capsys, lambda: fewrel_submission.main(
         ["make", "--data", str(files["val"]), "--out", str(tmp_path / "t.json"),
          "--answers", str(out)]))
     assert f"--answers {out} is a folder" in err

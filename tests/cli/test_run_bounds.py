@@ -11,7 +11,7 @@ import signal
 import pytest
 
 import pipeline.budget
-from cli import fewrel_test, limits, predict, suggest
+from cli import fewrel_submission, limits, predict, suggest
 from tests.cli.inputs import fewrel_record, one_error, write_predict_inputs
 from tests.model.test_predictor import tiny_checkpoint
 
@@ -28,7 +28,7 @@ def files(tmp_path_factory):
     for row in rows:
         data.setdefault(row["relation"], []).append(fewrel_record(row))
     (root / "val.json").write_text(json.dumps(data))
-    fewrel_test.main(["make", "--data", str(root / "val.json"), "--ways", "3", "--shots", "1",
+    fewrel_submission.main(["make", "--data", str(root / "val.json"), "--ways", "3", "--shots", "1",
                       "--episodes", "4", "--out", str(root / "test.json"),
                       "--answers", str(root / "gold.json")])
     return {"root": root, "ckpt": tiny_checkpoint(root),
@@ -52,7 +52,7 @@ def _fewrel(files, out, ckpt="ckpt", *extra):
             "--out", str(out), "--device", "cpu", *extra]
 
 
-COMMANDS = {"suggest": (suggest.main, _suggest), "fewrel-test": (fewrel_test.main, _fewrel),
+COMMANDS = {"suggest": (suggest.main, _suggest), "fewrel-test": (fewrel_submission.main, _fewrel),
             "predict": (predict.main, _predict)}
 
 
@@ -156,7 +156,7 @@ def test_fewrel_test_refuses_a_fifo(files, capsys, tmp_path, flag):
         args[args.index(flag) + 1] = str(fifo)
     else:
         args += [flag, str(fifo)]
-    err = one_error(capsys, lambda: fewrel_test.main(args))
+    err = one_error(capsys, lambda: fewrel_submission.main(args))
     assert str(fifo) in err and not out.exists()
 
 
