@@ -137,4 +137,6 @@ def test_a_head_built_from_sizes_refuses_a_config_without_them(method):
     config = dataclasses.replace(model_config(method), **{method: None})
     with pytest.raises(PipelineError, match=f"model.heads.{method}; its config has none"):
         build_head(config, None, 16)
-    assert build_head(model_config(method), None, 16) is not None
+    head = build_head(model_config(method), None, 16)  # the method's own head, its sizes
+    assert type(head).__name__ == {"gnn": "GNNHead", "snail": "SnailHead",
+                                   "pair": "PairHead"}[method]
