@@ -29,7 +29,7 @@ def mention_positions(entity: Any) -> Any:
     """The token positions of a FewRel entity's first mention, as written (not checked).
 
     The one reading of FewRel's ``h``/``t`` entry, ``[name, id, [[positions], ...]]``, for
-    the pipeline's reader and for users' records (:mod:`model.predict.sentences`).
+    the pipeline's reader and for the sentences of users' records.
 
     Raises:
         BadRecord: ``malformed`` (not ``[name, id, mentions]``) or ``no_mention`` (no first
