@@ -7,8 +7,13 @@ from pipeline.io import write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
 from stages import evaluate_own, prepare_own, split_fewrel, train
 from tests.conftest import project_params
-from tests.model.tiny_regrab import (labels_of, tiny_encoder, toy_graph, toy_table,
-                                     toy_train_sections)
+from tests.model.tiny_regrab import (
+    labels_of,
+    tiny_encoder,
+    toy_graph,
+    toy_table,
+    toy_train_sections,
+)
 from tests.stages.own_folder import benchmark_files, own_folder
 
 OWN_SECTION = {"min_sentences": 10, "max_bad_rows": 5, "heldout_share": 0.5, "seed": 0}
