@@ -17,6 +17,8 @@ SECTION_OWNERS = {
     "prepare_fewshot": "stages.prepare_fewshot",
     "split_nyt": "stages.split_nyt",
     "split_fewrel": "stages.split_fewrel",
+    "prepare_own": "model.own_data",
+    "evaluate_own": "model.evaluation.own_config",
     "train_transe": "model.transe.config",
     "build_graph": "stages.build_graph",
     "model": "model.config",

@@ -6,6 +6,10 @@ relations. Hyper-parameters and early stopping need relations of their own, neve
 part. ``max_per_relation`` caps the sentences kept per relation (first ones in file order),
 so the CPU default encodes a few thousand sentences instead of FewRel's 56k; 0 keeps all.
 
+A team's own relations (``--own``: ``prepare_own``'s ``train.parquet``) join the train part
+after the held-out draw, capped alike, and ``splits.yaml`` lists them under ``own``; with none
+(an empty table, the default), every file is written byte for byte as without ``--own``.
+
 Writes ``split_0/{train,val,test}.parquet`` and ``splits.yaml`` (relations of each part),
 the layout of the NYT-25 splits, so ``train`` and ``evaluate`` run on it unchanged.
 """
@@ -61,8 +65,9 @@ def cap(table: pa.Table, limit: int) -> pa.Table:
     return table.filter(pa.array(keep))
 
 
-def make_split(train: pa.Table, test: pa.Table, cfg: SplitFewrelParams) -> dict[str, pa.Table]:
-    """Train / val (held out of train_wiki) / test (val_wiki) tables."""
+def make_split(train: pa.Table, test: pa.Table, cfg: SplitFewrelParams,
+               own: pa.Table | None = None) -> dict[str, pa.Table]:
+    """Train (plus ``own``'s relations) / val (held out of train_wiki) / test (val_wiki)."""
     relations = sorted(set(train.column("relation").to_pylist()))
     if cfg.heldout_relations >= len(relations):
         raise PipelineError(
@@ -74,8 +79,16 @@ def make_split(train: pa.Table, test: pa.Table, cfg: SplitFewrelParams) -> dict[
         raise PipelineError(f"train and test share relations {sorted(overlap)}; check the files")
     held = set(np.random.default_rng(cfg.seed).permutation(relations)[:cfg.heldout_relations])
     is_held = pa.array([r in held for r in train.column("relation").to_pylist()])
+    trained = train.filter(pc.invert(is_held))
+    if own is not None and own.num_rows:  # none: the same table, so the same bytes
+        clash = set(own.column("relation").to_pylist()) & (
+            set(relations) | set(test.column("relation").to_pylist()))
+        if clash:
+            raise PipelineError(f"own relations {sorted(clash)[:5]} are FewRel relations; "
+                                "rename them in data/own and run dvc repro prepare_own")
+        trained = pa.concat_tables([trained, own.cast(trained.schema)]).combine_chunks()
     return {
-        "train": cap(train.filter(pc.invert(is_held)), cfg.max_per_relation),
+        "train": cap(trained, cfg.max_per_relation),
         "val": cap(train.filter(is_held), cfg.max_per_relation),
         "test": cap(test, cfg.max_per_relation),
     }
@@ -86,10 +99,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--train", type=Path, default=Path("data/fewshot/train_wiki.parquet"))
     parser.add_argument("--test", type=Path, default=Path("data/fewshot/val_wiki.parquet"))
     parser.add_argument("--out", type=Path, default=Path("data/benchmarks/fewrel"))
+    parser.add_argument("--own", type=Path, default=None,
+                        help="own relations that join the train part (prepare_own's "
+                             "train.parquet)")
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)
     cfg = load_section(SplitFewrelParams, "split_fewrel", args.params)
-    parts = make_split(read_fewshot(args.train), read_fewshot(args.test), cfg)
+    own = read_fewshot(args.own) if args.own is not None else None
+    parts = make_split(read_fewshot(args.train), read_fewshot(args.test), cfg, own)
     summary: dict[str, Any] = {"splits": {"split_0": {"seed": cfg.seed}}}
     with atomic_dir(args.out) as tmp:  # the folder appears whole or not at all
         for name, table in parts.items():
@@ -97,6 +114,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rels = sorted(set(table.column("relation").to_pylist()))
             summary["splits"]["split_0"][name] = rels
             print(f"{name}: {table.num_rows} sentences of {len(rels)} relations")
+        if own is not None and own.num_rows:  # only then, so no own data writes no new key
+            summary["splits"]["split_0"]["own"] = sorted(set(own.column("relation").to_pylist()))
         write_yaml(summary, tmp / "splits.yaml")
     return summary
 

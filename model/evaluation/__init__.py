@@ -11,4 +11,5 @@ Modules:
     support_noise: episodes with a mislabelled support sentence, and each support
         sentence's suspicion.
     transfer: scoring checkpoints on another domain (SemEval).
+    own_config: the ``evaluate_own`` params section (a team's held-out own relations).
 """

@@ -41,6 +41,33 @@ def test_heldout_relations_validate_and_val_wiki_is_test(tmp_path):
     assert pq.read_table(out / "train.parquet").num_rows == 5 * 6  # 0 keeps all
 
 
+def test_no_own_relations_write_the_same_bytes(tmp_path):
+    """An empty own table (prepare_own with no data file) changes no byte of any output,
+    so train and everything after it see the same split."""
+    train = [f"P{i}" for i in range(1, 9)]
+    _run(tmp_path, train, ["P11", "P12"], seed=0, heldout_relations=3, max_per_relation=4)
+    before = {p.relative_to(tmp_path / "out"): p.read_bytes()
+              for p in sorted((tmp_path / "out").rglob("*")) if p.is_file()}
+    write_parquet(toy_table([], 1, seed=0), tmp_path / "own.parquet", FEWSHOT_SCHEMA)
+    split_fewrel.main(["--train", str(tmp_path / "train.parquet"), "--test",
+                       str(tmp_path / "test.parquet"), "--own", str(tmp_path / "own.parquet"),
+                       "--out", str(tmp_path / "out"), "--params", str(tmp_path / "params.yaml")])
+    after = {p.relative_to(tmp_path / "out"): p.read_bytes()
+             for p in sorted((tmp_path / "out").rglob("*")) if p.is_file()}
+    assert after == before and len(before) == 4
+
+
+def test_own_relations_that_are_fewrel_relations_are_refused(tmp_path):
+    write_parquet(toy_table(["P2", "P21"], 6, seed=2), tmp_path / "own.parquet", FEWSHOT_SCHEMA)
+    params = tmp_path / "params.yaml"
+    _run(tmp_path, ["P1", "P2", "P3"], ["P9"], seed=0, heldout_relations=1, max_per_relation=0)
+    with pytest.raises(PipelineError, match=r"own relations \['P2'\] are FewRel relations"):
+        split_fewrel.main(["--train", str(tmp_path / "train.parquet"), "--test",
+                           str(tmp_path / "test.parquet"), "--own", str(tmp_path / "own.parquet"),
+                           "--out", str(tmp_path / "out2"), "--params", str(params)])
+    assert not (tmp_path / "out2").exists()
+
+
 def test_bad_input_leaves_nothing_half_written(tmp_path):
     with pytest.raises(PipelineError, match="heldout_relations=4 leaves no training"):
         _run(tmp_path, ["P1", "P2", "P3", "P4"], ["P9"], seed=0, heldout_relations=4,
