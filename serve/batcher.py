@@ -1,23 +1,29 @@
 """Dynamic batching: concurrent requests on one key answered by one forward pass.
 
 Requests wait in one queue per key (a support set on one model version). A single consumer
-takes the key whose oldest request has waited longest, waits for more on that key until the
-batch holds ``max_batch`` items or its oldest request has waited ``max_wait_s``, and runs
-``run(context, items)`` once in the model's worker thread; each request gets its own slice
-of the answer back. While a pass runs, new requests queue up, so under load each pass takes
-what arrived meanwhile and the wait costs nothing; an idle service answers a lone request
-after at most ``max_wait_s``. A request is never split: one larger than ``max_batch`` runs
-alone.
+takes the key whose oldest request has waited longest and runs ``run(context, items)`` once
+in the model's worker thread on every request queued there (up to ``max_batch`` items); each
+request gets its own slice of the answer back. While a pass runs, new requests queue up, so
+under load each pass takes what arrived meanwhile: no fixed wait is needed to fill it, and a
+lone request on an idle service runs at once. Only when fewer requests are queued than the
+last pass on the key answered does the next pass wait for more, at most ``max_wait_s``: the
+clients just answered are likely to send again, and without the wait a pass of one request
+and a pass of the others alternate (measured: docs/performance.md#regrab-serve). A request
+is never split: one larger than ``max_batch`` runs alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
+
+#: Keys whose last pass size is remembered.
+REMEMBERED = 1024
 
 
 @dataclass
@@ -36,20 +42,24 @@ class Batcher:
             ``executor`` with the context of the batch's first request (every request of a key
             carries the same context).
         executor: where ``run`` runs (the model's single worker thread).
-        max_wait_s: how long the first request of a batch waits for others.
+        max_wait_s: how long a pass may wait for requests when fewer are queued than the
+            last pass on the key answered.
         max_batch: the most items one call of ``run`` takes (a larger request runs alone).
-        observe: called with ``(requests, items)`` after each pass (metrics).
+        observe: called with ``(requests, items, seconds)`` after each pass (metrics; the
+            seconds ``run`` took in the worker).
     """
 
     def __init__(self, run: Callable[[Any, list[Any]], Sequence[Any]], executor: Executor,
                  max_wait_s: float, max_batch: int,
-                 observe: Callable[[int, int], None] | None = None) -> None:
+                 observe: Callable[[int, int, float], None] | None = None) -> None:
         self.run, self.executor = run, executor
         self.max_wait_s, self.max_batch = max_wait_s, max_batch
         self.observe = observe
         self._queues: OrderedDict[Hashable, deque[_Waiting]] = OrderedDict()
         self._arrived: asyncio.Event | None = None
         self._consumer: asyncio.Task | None = None
+        #: Requests the last pass on each key answered (the most recent keys only).
+        self._answered: OrderedDict[Hashable, int] = OrderedDict()
 
     @property
     def waiting(self) -> int:
@@ -73,12 +83,15 @@ class Batcher:
         return sum(len(w.items) for w in queue)
 
     async def _gather(self, key: Hashable) -> None:
-        """Wait for more requests on ``key`` while the batch is short and young."""
+        """Wait for more requests on ``key`` while fewer are queued than the last pass on it
+        answered (their clients are likely to send again), at most ``max_wait_s``."""
         loop = asyncio.get_running_loop()
         queue = self._queues[key]
-        deadline = queue[0].arrived + self.max_wait_s
+        answered = self._answered.get(key, 0)
+        deadline = loop.time() + self.max_wait_s
         assert self._arrived is not None
-        while self._size(queue) < self.max_batch and (left := deadline - loop.time()) > 0:
+        while (len(queue) < answered and self._size(queue) < self.max_batch
+               and (left := deadline - loop.time()) > 0):
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), left)
@@ -99,6 +112,11 @@ class Batcher:
             del self._queues[key]
         return batch
 
+    def _timed(self, context: Any, items: list[Any]) -> tuple[Sequence[Any], float]:
+        started = time.perf_counter()
+        answers = self.run(context, items)
+        return answers, time.perf_counter() - started
+
     async def _consume(self) -> None:
         loop = asyncio.get_running_loop()
         while self._queues:
@@ -108,16 +126,20 @@ class Batcher:
             if not batch:
                 continue
             items = [item for w in batch for item in w.items]
+            self._answered[key] = len(batch)
+            self._answered.move_to_end(key)
+            if len(self._answered) > REMEMBERED:
+                self._answered.popitem(last=False)
             try:
-                answers = await loop.run_in_executor(self.executor, self.run,
-                                                     batch[0].context, items)
+                answers, seconds = await loop.run_in_executor(
+                    self.executor, self._timed, batch[0].context, items)
             except Exception as exc:  # every request of the pass gets the error
                 for w in batch:
                     if not w.future.done():
                         w.future.set_exception(exc)
                 continue
             if self.observe is not None:
-                self.observe(len(batch), len(items))
+                self.observe(len(batch), len(items), seconds)
             start = 0
             for w in batch:
                 if not w.future.done():

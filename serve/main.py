@@ -41,6 +41,7 @@ MAX_QUERIES = 256
 MAX_SUPPORT = 1000
 MAX_RELATIONS = 100
 MAX_BODY_MIB = 4
+MAX_WAIT_MS = 5.0
 TOKEN_ENV = "REGRAB_SERVE_TOKEN"
 
 
@@ -62,9 +63,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--token", default=os.environ.get(TOKEN_ENV),
                    help=f"bearer token clients must send (default ${TOKEN_ENV}); required "
                         "when --host is not a loopback address")
-    p.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="how long a lone request waits for others on its support set to "
-                        "share a forward pass")
+    p.add_argument("--max-wait-ms", type=float, default=MAX_WAIT_MS,
+                   help="how long a forward pass may wait for more requests on its support "
+                        "set when fewer are queued than the last pass answered (a lone "
+                        "request on an idle service never waits)")
     p.add_argument("--max-batch", type=int, default=256, help="queries per forward pass")
     p.add_argument("--max-queries", type=int, default=MAX_QUERIES, help="queries per request")
     p.add_argument("--max-support", type=int, default=MAX_SUPPORT,
@@ -85,7 +87,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--batch-size", type=int, default=64, help="sentences per encoder batch")
     p.add_argument("--threads", type=int, default=0,
-                   help="torch threads, at most the CPUs (0: torch default)")
+                   help="torch threads of the model's worker, at most the CPUs (0: on a CPU "
+                        "one less than the CPUs, at least 1, leaving one to read requests "
+                        "and write answers; on a GPU torch's default)")
     p.add_argument("--access-log", action="store_true", help="log every request")
     args = p.parse_args(argv)
     check_args(args)
@@ -123,8 +127,19 @@ def check_args(args: argparse.Namespace) -> None:
     if args.max_body_mib <= 0 or args.cache_mib <= 0:
         raise PipelineError("--max-body-mib and --cache-mib must be above 0")
     if not 0 <= args.threads <= len(os.sched_getaffinity(0)):
-        raise PipelineError(f"--threads {args.threads}: give 0 (torch's default) or 1 to "
+        raise PipelineError(f"--threads {args.threads}: give 0 (automatic) or 1 to "
                             f"{len(os.sched_getaffinity(0))}, the CPUs this process may use")
+
+
+def worker_threads(requested: int, device: str) -> int:
+    """Torch threads for the model's worker: ``requested``, or when 0, on a CPU one less than
+    the CPUs this process may use (at least 1). The event loop that parses requests and
+    writes answers needs a core of its own: with every core in torch's threads, each of
+    them waits at every operation for the one the loop displaced, and a lone sentence's
+    pass took 20 times longer on a loaded 2-core machine (docs/performance.md)."""
+    if requested or device != "cpu":
+        return requested
+    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 def serve(argv: list[str] | None = None) -> None:
@@ -136,11 +151,13 @@ def serve(argv: list[str] | None = None) -> None:
     from serve.service import Service, Settings
     from serve.versions import ModelSpec
 
-    set_threads(args.threads)
+    device = select_device(args.device, "--device")
+    threads = worker_threads(args.threads, device)
+    set_threads(threads)
     spec = ModelSpec(checkpoint=args.checkpoint,
                      ref=None if args.checkpoint is not None else (args.model or "regrab"))
     settings = Settings(
-        root=args.root.resolve(), device=select_device(args.device, "--device"),
+        root=args.root.resolve(), device=device, threads=threads,
         predictor={"seed": args.seed, "threshold": args.threshold,
                    "abstain_rate": args.abstain_rate, "abstain_score": args.abstain_score,
                    "batch_size": args.batch_size},

@@ -58,6 +58,44 @@ def test_a_lone_request_waits_at_most_max_wait():
     assert asyncio.run(main()) < 0.5
 
 
+def test_a_lone_request_on_an_idle_service_runs_at_once():
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(lambda c, items: items, pool, 5.0, 100)
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            await batcher.submit("a", None, [1])
+            return loop.time() - start
+
+    assert asyncio.run(main()) < 1.0  # not the 5 s it may wait for more
+
+
+def test_a_pass_waits_for_as_many_requests_as_the_last_answered_and_no_longer():
+    passes = []
+
+    def run(context, items):
+        passes.append(list(items))
+        return items
+
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(run, pool, 2.0, 100)
+            await asyncio.gather(*(batcher.submit("a", None, [x]) for x in (1, 2, 3)))
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+
+            async def later(x, delay):
+                await asyncio.sleep(delay)
+                return await batcher.submit("a", None, [x])
+
+            await asyncio.gather(later(4, 0), later(5, 0.05), later(6, 0.1))
+            return loop.time() - start
+
+    took = asyncio.run(main())
+    assert passes == [[1, 2, 3], [4, 5, 6]]  # the three came back: one pass, not three
+    assert took < 1.0  # it stopped waiting when they were there, not after 2 s
+
+
 def test_a_failed_pass_fails_its_requests_only():
     answers, passes = run_batcher([("a", [1]), ("a", [2]), ("b", [3])], fail=2)
     assert isinstance(answers[0], ValueError) and isinstance(answers[1], ValueError)
