@@ -114,13 +114,13 @@ def in_process(predictor: Predictor, queries: list[str], per_call: int, total: i
     as the service runs its passes: on a loaded machine torch's threads behave differently in
     the main thread (docs/performance.md#regrab-serve)."""
     asked = [parse_sentence(queries[i % len(queries)]) for i in range(total)]
-    latencies, t0, cpu = [], time.perf_counter(), time.thread_time()
+    latencies, t0, cpu = [], time.perf_counter(), time.process_time()  # torch's threads too
     for s in range(0, total, per_call):
         t1 = time.perf_counter()
         predictor.predict(asked[s : s + per_call])
         latencies += [time.perf_counter() - t1] * len(asked[s : s + per_call])
     figures = summary(latencies, time.perf_counter() - t0)
-    figures["cpu_ms"] = (time.thread_time() - cpu) * 1000 / total
+    figures["cpu_ms"] = (time.process_time() - cpu) * 1000 / total
     return figures
 
 
@@ -175,14 +175,15 @@ def histogram(before: dict[str, float], after: dict[str, float]) -> str:
     return " ".join(parts)
 
 
-def start_service(ckpt: Path, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
+def start_service(ckpt: Path, threads: int, extra: list[str], root: Path = ROOT
+                  ) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "serve.main", "--checkpoint", str(ckpt),
                              "--port", str(port), "--device", "cpu", "--threads", str(threads),
-                             *extra], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             *extra], cwd=root, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(root)})
     url = f"http://127.0.0.1:{port}"
     for _ in range(3000):
         try:
@@ -233,6 +234,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--process-calls", type=int, default=0)
     parser.add_argument("--serve-args", default="", help="more regrab-serve options")
+    parser.add_argument("--serve-root", type=Path, default=ROOT,
+                        help="run the service of another checkout (to compare versions)")
     parser.add_argument("--json", type=Path, help="write every run's figures here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -252,7 +255,8 @@ def main() -> None:
     worker.submit(predictor.set_support, grouped).result()  # once, as the service caches it
     worker.submit(predictor.predict, queries[:8]).result()  # warm
     proc, url = start_service(ckpt, args.threads, ["--batch-size", str(args.batch_size),
-                                                   *shlex.split(args.serve_args)])
+                                                   *shlex.split(args.serve_args)],
+                              args.serve_root)
     runs: dict[str, list[dict[str, float]]] = {}
     try:
         sid = httpx.post(f"{url}/v1/support-sets", json={"support": support},

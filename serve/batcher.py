@@ -2,14 +2,12 @@
 
 Requests wait in one queue per key (a support set on one model version). A single consumer
 takes the key whose oldest request has waited longest and runs ``run(context, items)`` once
-in the model's worker thread on every request queued there (up to ``max_batch`` items); each
+in the model's worker thread on the requests queued there (up to ``max_batch`` items); each
 request gets its own slice of the answer back. While a pass runs, new requests queue up, so
-under load each pass takes what arrived meanwhile: no fixed wait is needed to fill it, and a
-lone request on an idle service runs at once. Only when fewer requests are queued than the
-last pass on the key answered does the next pass wait for more, at most ``max_wait_s``: the
-clients just answered are likely to send again, and without the wait a pass of one request
-and a pass of the others alternate (measured: docs/performance.md#regrab-serve). A request
-is never split: one larger than ``max_batch`` runs alone.
+under load each pass takes what arrived meanwhile: no wait is needed to fill it (the default
+``max_wait_s`` is 0), and a lone request on an idle service runs at once. With ``max_wait_s``
+above 0, a batch also waits for more until it holds ``max_batch`` items or its oldest request
+has waited that long. A request is never split: one larger than ``max_batch`` runs alone.
 """
 
 from __future__ import annotations
@@ -21,9 +19,6 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
-
-#: Keys whose last pass size is remembered.
-REMEMBERED = 1024
 
 
 @dataclass
@@ -42,8 +37,7 @@ class Batcher:
             ``executor`` with the context of the batch's first request (every request of a key
             carries the same context).
         executor: where ``run`` runs (the model's single worker thread).
-        max_wait_s: how long a pass may wait for requests when fewer are queued than the
-            last pass on the key answered.
+        max_wait_s: how long the first request of a batch waits for others.
         max_batch: the most items one call of ``run`` takes (a larger request runs alone).
         observe: called with ``(requests, items, seconds)`` after each pass (metrics; the
             seconds ``run`` took in the worker).
@@ -58,8 +52,6 @@ class Batcher:
         self._queues: OrderedDict[Hashable, deque[_Waiting]] = OrderedDict()
         self._arrived: asyncio.Event | None = None
         self._consumer: asyncio.Task | None = None
-        #: Requests the last pass on each key answered (the most recent keys only).
-        self._answered: OrderedDict[Hashable, int] = OrderedDict()
 
     @property
     def waiting(self) -> int:
@@ -83,15 +75,12 @@ class Batcher:
         return sum(len(w.items) for w in queue)
 
     async def _gather(self, key: Hashable) -> None:
-        """Wait for more requests on ``key`` while fewer are queued than the last pass on it
-        answered (their clients are likely to send again), at most ``max_wait_s``."""
+        """Wait for more requests on ``key`` while the batch is short and young."""
         loop = asyncio.get_running_loop()
         queue = self._queues[key]
-        answered = self._answered.get(key, 0)
-        deadline = loop.time() + self.max_wait_s
+        deadline = queue[0].arrived + self.max_wait_s
         assert self._arrived is not None
-        while (len(queue) < answered and self._size(queue) < self.max_batch
-               and (left := deadline - loop.time()) > 0):
+        while self._size(queue) < self.max_batch and (left := deadline - loop.time()) > 0:
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), left)
@@ -126,10 +115,6 @@ class Batcher:
             if not batch:
                 continue
             items = [item for w in batch for item in w.items]
-            self._answered[key] = len(batch)
-            self._answered.move_to_end(key)
-            if len(self._answered) > REMEMBERED:
-                self._answered.popitem(last=False)
             try:
                 answers, seconds = await loop.run_in_executor(
                     self.executor, self._timed, batch[0].context, items)

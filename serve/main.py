@@ -3,9 +3,10 @@
 Where ``regrab-predict`` imports torch, loads the model and encodes the support set on every
 call, the service does each once: support sets are registered once (``POST
 /v1/support-sets``), and concurrent queries on one support set are answered by one forward
-pass (batched for at most ``--max-wait-ms``). The model is ``--checkpoint PATH`` or a version
-of the model registry, ``--model REF`` (default ``regrab``, the promoted version);
-``--watch-registry SECONDS`` loads a newly promoted version beside the old one and switches.
+pass (those that arrived while the previous pass ran: :mod:`serve.batcher`). The model is
+``--checkpoint PATH`` or a version of the model registry, ``--model REF`` (default
+``regrab``, the promoted version); ``--watch-registry SECONDS`` loads a newly promoted
+version beside the old one and switches.
 Endpoints and bodies: :mod:`serve.app`, and ``/docs`` on a running service.
 
 It binds 127.0.0.1; bound elsewhere it needs ``--token`` (or ``REGRAB_SERVE_TOKEN``), which
@@ -15,6 +16,9 @@ answers those already taken, and exits 0.
 Usage:
     regrab-serve --checkpoint models/nyt25/split_0/regrab/model.safetensors [--port 8000]
     regrab-serve --model regrab --watch-registry 60 [--host 0.0.0.0 --token ...]
+
+A promoted version that fails to load (its bytes not pushed yet, say) leaves the old one
+answering, ``/ready`` says why, and the watcher tries it again after 10 polls, then 20, ...
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ MAX_QUERIES = 256
 MAX_SUPPORT = 1000
 MAX_RELATIONS = 100
 MAX_BODY_MIB = 4
-MAX_WAIT_MS = 5.0
+#: No wait by default: a pass takes the requests that arrived while the previous one ran, and
+#: a wait for more measured no better (docs/performance.md#regrab-serve).
+MAX_WAIT_MS = 0.0
 TOKEN_ENV = "REGRAB_SERVE_TOKEN"
 
 
@@ -64,9 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"bearer token clients must send (default ${TOKEN_ENV}); required "
                         "when --host is not a loopback address")
     p.add_argument("--max-wait-ms", type=float, default=MAX_WAIT_MS,
-                   help="how long a forward pass may wait for more requests on its support "
-                        "set when fewer are queued than the last pass answered (a lone "
-                        "request on an idle service never waits)")
+                   help="how long the first request of a forward pass waits for more on its "
+                        "support set (default 0: a pass takes the requests that arrived while "
+                        "the previous one ran)")
     p.add_argument("--max-batch", type=int, default=256, help="queries per forward pass")
     p.add_argument("--max-queries", type=int, default=MAX_QUERIES, help="queries per request")
     p.add_argument("--max-support", type=int, default=MAX_SUPPORT,
@@ -85,7 +91,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="as regrab-predict's --threshold")
     p.add_argument("--seed", type=int, default=0, help="seed of the posterior samples")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per encoder batch")
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="sentences per encoder batch; a pass's queries are sorted by length "
+                        "and cut into batches of this many, so fewer are padded")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads of the model's worker, at most the CPUs (0: on a CPU "
                         "one less than the CPUs, at least 1, leaving one to read requests "
