@@ -39,7 +39,7 @@ import uvicorn
 from pipeline.errors import PipelineError, run_cli
 
 #: Defaults of the request limits, from the costs measured on a 2-core machine
-#: (docs/performance.md#regrab-serve): a request of 256 queries is 5 to 11 s there, a support
+#: (docs/performance.md#regrab-serve): a request of 256 queries is 2 to 6 s there, a support
 #: set of 1,000 sentences about 15 s to encode; 4 MiB holds either with room to spare.
 MAX_QUERIES = 256
 MAX_SUPPORT = 1000
@@ -141,10 +141,9 @@ def check_args(args: argparse.Namespace) -> None:
 
 def worker_threads(requested: int, device: str) -> int:
     """Torch threads for the model's worker: ``requested``, or when 0, on a CPU one less than
-    the CPUs this process may use (at least 1). The event loop that parses requests and
-    writes answers needs a core of its own: with every core in torch's threads, each of
-    them waits at every operation for the one the loop displaced, and a lone sentence's
-    pass took 20 times longer on a loaded 2-core machine (docs/performance.md)."""
+    the CPUs this process may use (at least 1), the event loop that reads requests and writes
+    answers keeping a core. On a loaded 2-core machine 1 thread answered as many queries per
+    second as 2 within the noise and spent less CPU per query (docs/performance.md)."""
     if requested or device != "cpu":
         return requested
     return max(1, len(os.sched_getaffinity(0)) - 1)
