@@ -1,18 +1,19 @@
 """Dynamic batching: concurrent requests on one key answered by one forward pass.
 
 Requests wait in one queue per key (a support set on one model version). A single consumer
-takes the key whose oldest request has waited longest, waits for more on that key until the
-batch holds ``max_batch`` items or its oldest request has waited ``max_wait_s``, and runs
-``run(context, items)`` once in the model's worker thread; each request gets its own slice
-of the answer back. While a pass runs, new requests queue up, so under load each pass takes
-what arrived meanwhile and the wait costs nothing; an idle service answers a lone request
-after at most ``max_wait_s``. A request is never split: one larger than ``max_batch`` runs
-alone.
+takes the key whose oldest request has waited longest and runs ``run(context, items)`` once
+in the model's worker thread on the requests queued there (up to ``max_batch`` items); each
+request gets its own slice of the answer back. While a pass runs, new requests queue up, so
+under load each pass takes what arrived meanwhile: no wait is needed to fill it (the default
+``max_wait_s`` is 0), and a lone request on an idle service runs at once. With ``max_wait_s``
+above 0, a batch also waits for more until it holds ``max_batch`` items or its oldest request
+has waited that long. A request is never split: one larger than ``max_batch`` runs alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
@@ -38,12 +39,13 @@ class Batcher:
         executor: where ``run`` runs (the model's single worker thread).
         max_wait_s: how long the first request of a batch waits for others.
         max_batch: the most items one call of ``run`` takes (a larger request runs alone).
-        observe: called with ``(requests, items)`` after each pass (metrics).
+        observe: called with ``(requests, items, seconds)`` after each pass (metrics; the
+            seconds ``run`` took in the worker).
     """
 
     def __init__(self, run: Callable[[Any, list[Any]], Sequence[Any]], executor: Executor,
                  max_wait_s: float, max_batch: int,
-                 observe: Callable[[int, int], None] | None = None) -> None:
+                 observe: Callable[[int, int, float], None] | None = None) -> None:
         self.run, self.executor = run, executor
         self.max_wait_s, self.max_batch = max_wait_s, max_batch
         self.observe = observe
@@ -99,6 +101,11 @@ class Batcher:
             del self._queues[key]
         return batch
 
+    def _timed(self, context: Any, items: list[Any]) -> tuple[Sequence[Any], float]:
+        started = time.perf_counter()
+        answers = self.run(context, items)
+        return answers, time.perf_counter() - started
+
     async def _consume(self) -> None:
         loop = asyncio.get_running_loop()
         while self._queues:
@@ -109,15 +116,15 @@ class Batcher:
                 continue
             items = [item for w in batch for item in w.items]
             try:
-                answers = await loop.run_in_executor(self.executor, self.run,
-                                                     batch[0].context, items)
+                answers, seconds = await loop.run_in_executor(
+                    self.executor, self._timed, batch[0].context, items)
             except Exception as exc:  # every request of the pass gets the error
                 for w in batch:
                     if not w.future.done():
                         w.future.set_exception(exc)
                 continue
             if self.observe is not None:
-                self.observe(len(batch), len(items))
+                self.observe(len(batch), len(items), seconds)
             start = 0
             for w in batch:
                 if not w.future.done():

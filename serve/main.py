@@ -3,9 +3,10 @@
 Where ``regrab-predict`` imports torch, loads the model and encodes the support set on every
 call, the service does each once: support sets are registered once (``POST
 /v1/support-sets``), and concurrent queries on one support set are answered by one forward
-pass (batched for at most ``--max-wait-ms``). The model is ``--checkpoint PATH`` or a version
-of the model registry, ``--model REF`` (default ``regrab``, the promoted version);
-``--watch-registry SECONDS`` loads a newly promoted version beside the old one and switches.
+pass (those that arrived while the previous pass ran: :mod:`serve.batcher`). The model is
+``--checkpoint PATH`` or a version of the model registry, ``--model REF`` (default
+``regrab``, the promoted version); ``--watch-registry SECONDS`` loads a newly promoted
+version beside the old one and switches.
 Endpoints and bodies: :mod:`serve.app`, and ``/docs`` on a running service.
 
 It binds 127.0.0.1; bound elsewhere it needs ``--token`` (or ``REGRAB_SERVE_TOKEN``), which
@@ -15,6 +16,9 @@ answers those already taken, and exits 0.
 Usage:
     regrab-serve --checkpoint models/nyt25/split_0/regrab/model.safetensors [--port 8000]
     regrab-serve --model regrab --watch-registry 60 [--host 0.0.0.0 --token ...]
+
+A promoted version that fails to load (its bytes not pushed yet, say) leaves the old one
+answering, ``/ready`` says why, and the watcher tries it again after 10 polls, then 20, ...
 """
 
 from __future__ import annotations
@@ -35,12 +39,15 @@ import uvicorn
 from pipeline.errors import PipelineError, run_cli
 
 #: Defaults of the request limits, from the costs measured on a 2-core machine
-#: (docs/performance.md#regrab-serve): a request of 256 queries is 5 to 11 s there, a support
+#: (docs/performance.md#regrab-serve): a request of 256 queries is 2 to 6 s there, a support
 #: set of 1,000 sentences about 15 s to encode; 4 MiB holds either with room to spare.
 MAX_QUERIES = 256
 MAX_SUPPORT = 1000
 MAX_RELATIONS = 100
 MAX_BODY_MIB = 4
+#: No wait by default: a pass takes the requests that arrived while the previous one ran, and
+#: a wait for more measured no better (docs/performance.md#regrab-serve).
+MAX_WAIT_MS = 0.0
 TOKEN_ENV = "REGRAB_SERVE_TOKEN"
 
 
@@ -62,9 +69,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--token", default=os.environ.get(TOKEN_ENV),
                    help=f"bearer token clients must send (default ${TOKEN_ENV}); required "
                         "when --host is not a loopback address")
-    p.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="how long a lone request waits for others on its support set to "
-                        "share a forward pass")
+    p.add_argument("--max-wait-ms", type=float, default=MAX_WAIT_MS,
+                   help="how long the first request of a forward pass waits for more on its "
+                        "support set (default 0: a pass takes the requests that arrived while "
+                        "the previous one ran)")
     p.add_argument("--max-batch", type=int, default=256, help="queries per forward pass")
     p.add_argument("--max-queries", type=int, default=MAX_QUERIES, help="queries per request")
     p.add_argument("--max-support", type=int, default=MAX_SUPPORT,
@@ -83,9 +91,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="as regrab-predict's --threshold")
     p.add_argument("--seed", type=int, default=0, help="seed of the posterior samples")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per encoder batch")
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="sentences per encoder batch; a pass's queries are sorted by length "
+                        "and cut into batches of this many, so fewer are padded")
     p.add_argument("--threads", type=int, default=0,
-                   help="torch threads, at most the CPUs (0: torch default)")
+                   help="torch threads of the model's worker, at most the CPUs (0: on a CPU "
+                        "one less than the CPUs, at least 1, leaving one to read requests "
+                        "and write answers; on a GPU torch's default)")
     p.add_argument("--access-log", action="store_true", help="log every request")
     args = p.parse_args(argv)
     check_args(args)
@@ -123,8 +135,18 @@ def check_args(args: argparse.Namespace) -> None:
     if args.max_body_mib <= 0 or args.cache_mib <= 0:
         raise PipelineError("--max-body-mib and --cache-mib must be above 0")
     if not 0 <= args.threads <= len(os.sched_getaffinity(0)):
-        raise PipelineError(f"--threads {args.threads}: give 0 (torch's default) or 1 to "
+        raise PipelineError(f"--threads {args.threads}: give 0 (automatic) or 1 to "
                             f"{len(os.sched_getaffinity(0))}, the CPUs this process may use")
+
+
+def worker_threads(requested: int, device: str) -> int:
+    """Torch threads for the model's worker: ``requested``, or when 0, on a CPU one less than
+    the CPUs this process may use (at least 1), the event loop that reads requests and writes
+    answers keeping a core. On a loaded 2-core machine 1 thread answered as many queries per
+    second as 2 within the noise and spent less CPU per query (docs/performance.md)."""
+    if requested or device != "cpu":
+        return requested
+    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 def serve(argv: list[str] | None = None) -> None:
@@ -136,11 +158,13 @@ def serve(argv: list[str] | None = None) -> None:
     from serve.service import Service, Settings
     from serve.versions import ModelSpec
 
-    set_threads(args.threads)
+    device = select_device(args.device, "--device")
+    threads = worker_threads(args.threads, device)
+    set_threads(threads)
     spec = ModelSpec(checkpoint=args.checkpoint,
                      ref=None if args.checkpoint is not None else (args.model or "regrab"))
     settings = Settings(
-        root=args.root.resolve(), device=select_device(args.device, "--device"),
+        root=args.root.resolve(), device=device, threads=threads,
         predictor={"seed": args.seed, "threshold": args.threshold,
                    "abstain_rate": args.abstain_rate, "abstain_score": args.abstain_score,
                    "batch_size": args.batch_size},

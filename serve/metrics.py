@@ -30,6 +30,9 @@ class Metrics:
         self.batch_requests = Histogram("regrab_serve_batch_requests",
                                         "requests per forward pass", buckets=SIZE_BUCKETS,
                                         registry=r)
+        self.pass_seconds = Histogram("regrab_serve_pass_seconds",
+                                      "seconds of each forward pass in the model's worker",
+                                      buckets=LATENCY_BUCKETS, registry=r)
         self.support_encoded = Counter("regrab_serve_support_encoded",
                                        "support sets encoded (first use on a version)",
                                        registry=r)
@@ -43,6 +46,7 @@ class Metrics:
         self.model = Info("regrab_serve_model", "the version answering", registry=r)
         self.loads = Counter("regrab_serve_loads", "model loads", ["outcome"], registry=r)
 
-    def batch(self, requests: int, queries: int) -> None:
+    def batch(self, requests: int, queries: int, seconds: float) -> None:
         self.batch_requests.observe(requests)
         self.batch_queries.observe(queries)
+        self.pass_seconds.observe(seconds)

@@ -28,6 +28,11 @@ from serve.versions import Loaded, ModelSpec, registry_version
 
 log = logging.getLogger("regrab.serve")
 
+#: Polls before a version whose load failed is tried again (the wait doubles each time).
+RETRY_POLLS = 10
+#: The longest wait before a failed version is tried again.
+RETRY_MAX_S = 1800.0
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -40,6 +45,7 @@ class Settings:
     max_batch: int
     cache_sets: int
     cache_bytes: int
+    threads: int = 0
 
 
 class Service:
@@ -71,7 +77,7 @@ class Service:
             try:
                 loaded = await asyncio.to_thread(
                     Loaded.load, spec, self.settings.root, self.settings.device,
-                    **self.settings.predictor)
+                    self.settings.threads, **self.settings.predictor)
             except Exception as exc:
                 detail = str(exc) if isinstance(exc, PipelineError) \
                     else f"{type(exc).__name__}: {exc}"
@@ -98,9 +104,12 @@ class Service:
 
     async def watch(self, spec: ModelSpec, every_s: float) -> None:
         """Every ``every_s`` seconds, load the version ``spec`` resolves to when it is not
-        the one answering (a promotion); a version that failed is not tried again until the
-        reference moves on."""
+        the one answering (a promotion). A version whose load failed (its bytes not pushed
+        yet, say) is tried again after :data:`RETRY_POLLS` polls, then twice as many, and
+        so on up to every :data:`RETRY_MAX_S` seconds, unless the reference moves on."""
+        loop = asyncio.get_running_loop()
         failed: str | None = None
+        retry_at, backoff = 0.0, 0.0
         while True:
             await asyncio.sleep(every_s)
             try:
@@ -109,14 +118,19 @@ class Service:
                 log.warning("registry poll: %s", exc)
                 continue
             answering = self.current.tag if self.current else None
-            if tag is None or tag in (answering, failed) or self._load_lock.locked():
+            if tag is None or tag == answering or self._load_lock.locked():
                 continue
-            log.info("registry: %s now resolves to %s", spec, tag)
+            if tag == failed and loop.time() < retry_at:
+                continue
+            log.info("registry: %s now resolves to %s%s", spec, tag,
+                     " (trying again)" if tag == failed else "")
             try:
                 await self.load(spec)
                 failed = None
             except PipelineError:
-                failed = tag
+                backoff = min(2 * backoff if tag == failed else RETRY_POLLS * every_s,
+                              RETRY_MAX_S)
+                failed, retry_at = tag, loop.time() + backoff
 
     def status(self) -> tuple[bool, dict[str, Any]]:
         """``(ready, body)`` of ``/ready``."""

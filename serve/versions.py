@@ -14,6 +14,7 @@ when a newer version replaces it and the last request that started on it has fin
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any
 
 from model.predict.predictor import Predictor
 from pipeline import registry
+from pipeline.config import set_threads
 from pipeline.errors import PipelineError
 
 #: Hex digits of the weights' sha256 in a path's version name.
@@ -70,16 +72,18 @@ def weights_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def resolve(spec: ModelSpec, root: Path) -> tuple[str, Path]:
-    """``(version name, checkpoint path)`` of ``spec``; a registry version is copied out of
-    DVC first (:func:`pipeline.registry.checkout`)."""
+def resolve(spec: ModelSpec, root: Path) -> tuple[str, Path, str | None]:
+    """``(version name, checkpoint path, registry tag)`` of ``spec``; a registry version is
+    resolved once (a promotion meanwhile cannot give the name of one version to the bytes of
+    another) and copied out of DVC (:func:`pipeline.registry.checkout`)."""
     if spec.checkpoint is not None:
-        return f"{spec.checkpoint}@sha256:{weights_sha256(spec.checkpoint)[:SHA_DIGITS]}", \
-            spec.checkpoint
+        return (f"{spec.checkpoint}@sha256:{weights_sha256(spec.checkpoint)[:SHA_DIGITS]}",
+                spec.checkpoint, None)
     ref = registry.parse_ref(str(spec.ref))
     version = registry.resolve(root, ref)
     name = version.tag + ("" if ref.member == registry.DEFAULT_MEMBER else f":{ref.member}")
-    return name, registry.checkout(root, ref)
+    pinned = dataclasses.replace(ref, version=version.version, stage=None)
+    return name, registry.checkout(root, pinned), version.tag
 
 
 def registry_version(spec: ModelSpec, root: Path) -> str | None:
@@ -97,24 +101,27 @@ class Loaded:
         predictor: the predictor (its support set is switched per call).
         spec: what was loaded (to compare a registry's new version against).
         tag: the registry version tag (None for a checkpoint path).
+        threads: torch's threads, set in the worker thread itself, where every pass runs
+            (0: as the process has them).
     """
 
     def __init__(self, version: str, predictor: Predictor, spec: ModelSpec,
-                 tag: str | None = None) -> None:
+                 tag: str | None = None, threads: int = 0) -> None:
         self.version, self.predictor, self.spec, self.tag = version, predictor, spec, tag
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="regrab-model")
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="regrab-model",
+                                           initializer=set_threads, initargs=(threads,))
         #: Requests that started on this version and have not finished.
         self.active = 0
         self.retired = False
         self.batcher: Any = None  # set by the service: a serve.batcher.Batcher
 
     @classmethod
-    def load(cls, spec: ModelSpec, root: Path, device: str, **predictor_kwargs: Any) -> Loaded:
+    def load(cls, spec: ModelSpec, root: Path, device: str, threads: int = 0,
+             **predictor_kwargs: Any) -> Loaded:
         """Resolve ``spec`` and load its checkpoint (seconds: run it off the event loop)."""
-        tag = registry_version(spec, root)
-        version, path = resolve(spec, root)
+        version, path, tag = resolve(spec, root)
         predictor = Predictor.from_checkpoint(path, device, **predictor_kwargs)
-        return cls(version, predictor, spec, tag)
+        return cls(version, predictor, spec, tag, threads)
 
     def acquire(self) -> Loaded:
         self.active += 1

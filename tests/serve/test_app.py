@@ -5,6 +5,7 @@ the field, the token, the version swap and its failure."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -101,6 +102,8 @@ def test_metrics_count_requests_batches_and_the_version(client, data):
     text = client.get("/metrics").text
     assert 'regrab_serve_requests_total{endpoint="/v1/predict",status="200"}' in text
     assert "regrab_serve_batch_queries_bucket" in text
+    passes = re.search(r"^regrab_serve_pass_seconds_count (\S+)$", text, re.M)
+    assert passes and float(passes.group(1)) >= 1, text
     assert 'regrab_serve_model_info{version="' in text
     assert client.get("/health").json() == {"status": "ok"}
 

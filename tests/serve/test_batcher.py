@@ -5,6 +5,7 @@ request in it; the support-set cache evicts the least recently used past its bou
 from __future__ import annotations
 
 import asyncio
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -56,6 +57,29 @@ def test_a_lone_request_waits_at_most_max_wait():
             return loop.time() - start
 
     assert asyncio.run(main()) < 0.5
+
+
+def test_without_a_wait_the_requests_that_came_during_a_pass_share_the_next():
+    passes, release = [], threading.Event()
+
+    def run(context, items):
+        passes.append(list(items))
+        release.wait(5)
+        return items
+
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(run, pool, 0.0, 100)
+            first = asyncio.ensure_future(batcher.submit("a", None, [1]))
+            while not passes:
+                await asyncio.sleep(0.01)
+            rest = [asyncio.ensure_future(batcher.submit("a", None, [x])) for x in (2, 3, 4)]
+            await asyncio.sleep(0.05)
+            release.set()
+            return await asyncio.gather(first, *rest)
+
+    assert asyncio.run(main()) == [[1], [2], [3], [4]]
+    assert passes == [[1], [2, 3, 4]]
 
 
 def test_a_failed_pass_fails_its_requests_only():
