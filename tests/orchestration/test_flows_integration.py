@@ -24,6 +24,7 @@ import pytest
 
 from orchestration.deploy import DEFAULT_CRON, check_server
 from pipeline.errors import PipelineError
+from tests.orchestration.test_scheduled import PROMOTE
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "prefect_stack.sh"
@@ -84,17 +85,6 @@ def stop_stack(env: dict[str, str], run_dir: Path, check: bool = True) -> None:
         os.kill(pid, signal.SIGKILL)
     output = stopped.stdout + stopped.stderr
     assert not check or not leftovers, f"still running after stop: {leftovers}\n{output}"
-
-
-PROMOTE = """\
-promote:
-  benchmarks: [nyt25]
-  settings: [5w1s]
-  headline_margin: 0.0
-  setting_margin: 2.0
-  episodes: 0
-  webhook: ''
-"""
 
 
 @pytest.fixture
