@@ -129,7 +129,8 @@ def score_champion(ws: Workspace, champion: registry.Version | None,
 
 
 @task(name="promote", cache_policy=NO_CACHE, persist_result=False)
-def promote(ws: Workspace, run: str, decision: Decision, commit: str | None) -> list[str]:
+def promote(ws: Workspace, run: str, decision: Decision, commit: str | None,
+            champion: registry.Version | None = None) -> list[str]:
     """Fast-forward the user's branch when it may be, register and promote, push."""
     logger = get_run_logger()
     lines = []
@@ -141,6 +142,12 @@ def promote(ws: Workspace, run: str, decision: Decision, commit: str | None) -> 
             if blocked is None else f"{blocked}, so they stay on {ws.branch} (git merge it)"))
     else:
         lines.append(f"no file changed: {sha[:12]} itself is the version")
+    if champion is not None and sha == champion.commit:
+        # Nothing new to register: the champion's own commit, reproduced.
+        lines.append(f"{champion.tag} is that commit already; no new version registered")
+        for line in lines:
+            logger.info(line)
+        return lines
     head = next((r for r in decision.rows if r["setting"] == "headline"), None)
     note = (f"{run}: headline {head['challenger']:.2f} vs {head['champion']:.2f}" if head
             else f"{run}: gate {decision.gate}")
@@ -266,7 +273,7 @@ def scheduled_retrain(repo_dir: str = ".", cluster: str | None = None,
     commit = workspace.commit(ws, f"Retrain {run}: {decision.summary()}", outputs)
     lines = [why]
     if decision.promote:
-        lines += promote(ws, run, decision, commit)
+        lines += promote(ws, run, decision, commit, champion)
     elif commit:
         lines.append(f"the champion {champion.tag} stays; this run's results are on "
                      f"{ws.branch} ({commit[:12]})")

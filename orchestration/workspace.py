@@ -120,11 +120,53 @@ def always_changed(ws: Workspace) -> list[str]:
             if isinstance(spec, dict) and spec.get("always_changed")]
 
 
+def resume_outputs(ws: Workspace) -> set[str]:
+    """Outputs declared ``persist: true, cache: false`` (a stage's resume state, such as
+    TransE's checkpoints): neither git nor DVC keeps them, so a new workspace never has them,
+    and their absence says nothing about whether the stage's results are current."""
+    import yaml
+
+    stages = (yaml.safe_load((ws.path / "dvc.yaml").read_text()) or {}).get("stages") or {}
+    found = set()
+    for spec in stages.values():
+        for out in (spec.get("outs") or []) if isinstance(spec, dict) else []:
+            if isinstance(out, dict):
+                for path, opts in out.items():
+                    if isinstance(opts, dict) and opts.get("persist") and \
+                            opts.get("cache") is False:
+                        found.add(path)
+    return found
+
+
+def _without(entries: list[object], paths: set[str]) -> list[object]:
+    """``dvc status --json`` entries of one stage less missing ``paths`` among its outputs."""
+    kept: list[object] = []
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("changed outs"), dict):
+            outs = {k: v for k, v in entry["changed outs"].items()
+                    if not (k in paths and v in ("deleted", "not in cache"))}
+            rest = {k: v for k, v in entry.items() if k != "changed outs"}
+            entry = {**rest, **({"changed outs": outs} if outs else {})}
+            if not entry:
+                continue
+        kept.append(entry)
+    return kept
+
+
 def stale_stages(ws: Workspace, ignore: list[str]) -> dict[str, object]:
-    """``dvc status --json`` of the workspace, less the ``ignore``d stages: what would run."""
+    """``dvc status --json`` of the workspace, less the ``ignore``d stages and the missing
+    resume state of the others (:func:`resume_outputs`): what would run."""
     done = dvc(ws.path, "status", "--json")
     shown = json.loads(done.stdout or "{}")
-    return {k: v for k, v in shown.items() if k.split(":")[-1] not in ignore}
+    resume = resume_outputs(ws)
+    stale = {}
+    for name, entries in shown.items():
+        if name.split(":")[-1] in ignore:
+            continue
+        left = _without(entries, resume) if isinstance(entries, list) else entries
+        if left:
+            stale[name] = left
+    return stale
 
 
 def changed_since(ws: Workspace, commit: str, paths: tuple[str, ...]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,25 @@ def test_push_says_when_there_is_no_remote(repo: Path):
     assert workspace.push(ws) == "dvc push to store done"
     assert any((remote / "files").rglob("*"))
     workspace.remove(ws, keep_branch=False)
+
+
+def test_missing_resume_state_is_not_stale(tmp_path: Path, monkeypatch):
+    """A new workspace never has a stage's persist + cache: false output (TransE's resume
+    checkpoints: neither git nor DVC keeps them); that alone must not make the run think
+    there is work, as it did at full size (train_transe reported stale, then rerun)."""
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n"
+        "  train_transe:\n    cmd: x\n    outs:\n      - data/features/transe.parquet\n"
+        "      - data/checkpoints/transe:\n          persist: true\n          cache: false\n"
+        "  fit:\n    cmd: y\n    outs:\n      - model.bin\n")
+    status = {"train_transe": [{"changed outs": {"data/checkpoints/transe": "deleted"}}],
+              "fit": [{"changed outs": {"model.bin": "deleted"}}],
+              "check_sources": ["always changed"]}
+    monkeypatch.setattr(workspace, "dvc", lambda *a, **k: subprocess.CompletedProcess(
+        a, 0, stdout=json.dumps(status), stderr=""))
+    ws = workspace.Workspace(tmp_path, tmp_path, "retrain/x", "0" * 40)
+    assert workspace.resume_outputs(ws) == {"data/checkpoints/transe"}
+    assert workspace.stale_stages(ws, ["check_sources"]) == {
+        "fit": [{"changed outs": {"model.bin": "deleted"}}]}
+    status["train_transe"][0]["changed outs"]["data/features/transe.parquet"] = "modified"
+    assert set(workspace.stale_stages(ws, ["check_sources"])) == {"fit", "train_transe"}
