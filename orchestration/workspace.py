@@ -26,6 +26,7 @@ from pathlib import Path
 
 from orchestration.dvc_access import dvc_env
 from pipeline.errors import PipelineError
+from pipeline.registry import git
 
 #: Where workspaces live, below the project root (``.prefect-run/`` is git-ignored).
 WORKSPACES = Path(".prefect-run") / "workspaces"
@@ -50,19 +51,6 @@ class Workspace:
     path: Path
     branch: str
     start: str
-
-
-def git(cwd: Path, *args: str, check: bool = True) -> str:
-    """``git <args>`` in ``cwd``; its stdout.
-
-    Raises:
-        PipelineError: git exited non-zero (when ``check``), with its last error line.
-    """
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
-    if check and done.returncode != 0:
-        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise PipelineError(f"git {' '.join(args)} failed in {cwd}: {last[0]}")
-    return done.stdout
 
 
 def dvc(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -114,17 +114,22 @@ def parse_ref(text: str) -> Ref:
     return Ref(found["name"], found["version"], stage, found["member"] or DEFAULT_MEMBER)
 
 
-def _git(root: Path, *args: str, check: bool = True) -> str:
-    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+def git(cwd: Path, *args: str, check: bool = True) -> str:
+    """``git <args>`` in ``cwd``; its stdout.
+
+    Raises:
+        PipelineError: git exited non-zero (when ``check``), with its last error line.
+    """
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
     if check and done.returncode != 0:
-        raise PipelineError(f"git {' '.join(args)} failed in {root}: "
-                            f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise PipelineError(f"git {' '.join(args)} failed in {cwd}: {last[0]}")
     return done.stdout
 
 
 def _tags(root: Path) -> list[tuple[str, str, datetime, str]]:
     """Every annotated tag: (name, commit it points at, tag date, subject)."""
-    out = _git(root, "for-each-ref", "refs/tags",
+    out = git(root, "for-each-ref", "refs/tags",
                "--format=%(refname:strip=2)%00%(*objectname)%00%(creatordate:iso-strict)"
                "%00%(contents:subject)")
     rows = []
@@ -219,9 +224,9 @@ def register(root: str | Path, commit: str = "HEAD", message: str = "",
     """Tag ``commit`` as the next version of ``name`` (an annotated ``name@vX.Y.Z`` tag)."""
     root = Path(root)
     version = version or next_version(root, name)
-    sha = _git(root, "rev-parse", "--verify", f"{commit}^{{commit}}").strip()
+    sha = git(root, "rev-parse", "--verify", f"{commit}^{{commit}}").strip()
     text = message or f"Registering artifact {name} version {version}"
-    _git(root, "tag", "-a", f"{name}@{version}", sha, "-m", text)
+    git(root, "tag", "-a", f"{name}@{version}", sha, "-m", text)
     return resolve(root, Ref(name, version, None, DEFAULT_MEMBER))
 
 
@@ -232,7 +237,7 @@ def promote(root: str | Path, version: str, name: str = NAME, stage: str = PROD)
     number = 1 + max((int(m["n"]) for t, *_ in _tags(root)
                       if (m := _STAGE_TAG.match(t)) and m["name"] == name
                       and m["stage"] == stage), default=0)
-    _git(root, "tag", "-a", f"{name}#{stage}#{number}", target.commit, "-m",
+    git(root, "tag", "-a", f"{name}#{stage}#{number}", target.commit, "-m",
          f"Assigning stage {stage} to artifact {name} version {version}")
     return resolve(root, Ref(name, version, None, DEFAULT_MEMBER))
 
