@@ -85,8 +85,25 @@ def create(root: Path, run_name: str) -> Workspace:
     path.parent.mkdir(parents=True, exist_ok=True)
     git(root, "worktree", "add", "-q", "-b", BRANCH_PREFIX + name, str(path), start)
     config = path / ".dvc" / "config.local"
-    config.write_text(f"[cache]\n    dir = {Path(cache).resolve()}\n    type = {CACHE_TYPES}\n")
+    config.write_text(f"[cache]\n    dir = {Path(cache).resolve()}\n    type = {CACHE_TYPES}\n"
+                      + local_remotes(root))
     return Workspace(root, path, BRANCH_PREFIX + name, start)
+
+
+def local_remotes(root: Path) -> str:
+    """``config.local`` entries pinning each folder remote of ``root`` to its absolute path.
+
+    A folder remote is usually written relative to ``.dvc/`` (the project's default,
+    ``../../regrab-dvc-remote``, is a sibling of the checkout); read from a worktree two
+    folders deeper, the same words name another folder, and the run would push there. ``dvc
+    remote list`` in ``root`` prints each remote's url as ``root`` resolves it."""
+    lines = dvc(root, "remote", "list").stdout.splitlines()
+    pinned = ""
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 2 and "://" not in parts[1]:
+            pinned += f"['remote \"{parts[0]}\"']\n    url = {Path(root, parts[1]).resolve()}\n"
+    return pinned
 
 
 def remove(ws: Workspace, keep_branch: bool) -> None:

@@ -116,13 +116,17 @@ def test_push_says_when_there_is_no_remote(repo: Path):
     ws = workspace.create(repo, "push")
     assert workspace.push(ws).startswith("no DVC remote configured")
     remote = repo.parent / "remote"
-    sh(repo, sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(remote))
+    # Kept relative to .dvc/ as the project's own default is: from the workspace, two
+    # folders deeper, the same words would name another folder.
+    sh(repo, sys.executable, "-m", "dvc", "remote", "add", "-d", "store", "../remote")
+    assert "url = ../../remote" in (repo / ".dvc" / "config").read_text()
     sh(repo, "git", "commit", "-qam", "remote")
     workspace.remove(ws, keep_branch=False)
     ws = workspace.create(repo, "push2")
     repro(ws.path)
     assert workspace.push(ws) == "dvc push to store done"
     assert any((remote / "files").rglob("*"))
+    assert not (ws.path.parent / "remote").exists()
     workspace.remove(ws, keep_branch=False)
 
 
