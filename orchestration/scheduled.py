@@ -251,9 +251,15 @@ def scheduled_retrain(repo_dir: str = ".", cluster: str | None = None,
         logger.info("work to do: %s", why)
         stage = "plan"
         planned_stages = plan_stages(ws.path)
+        resumable = workspace.resume_stages(ws)
         for planned in planned_stages:
             stage = planned.name
             if stage in sources:
+                continue
+            if stage in resumable and not workspace.stale_stages(ws, [], target=stage):
+                # Only its resume state is missing (a new workspace never has it): dvc repro
+                # would train it again from scratch for the same outputs (TransE: minutes).
+                logger.info("%s: up to date but for its resume state; not run", stage)
                 continue
             durations[stage], did = stage_task(stage)(str(ws.path), stage, cluster)
             if did:

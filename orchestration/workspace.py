@@ -143,6 +143,17 @@ def resume_outputs(ws: Workspace) -> set[str]:
     return found
 
 
+def resume_stages(ws: Workspace) -> set[str]:
+    """The stages that declare resume state (:func:`resume_outputs`)."""
+    import yaml
+
+    stages = (yaml.safe_load((ws.path / "dvc.yaml").read_text()) or {}).get("stages") or {}
+    resume = resume_outputs(ws)
+    return {name for name, spec in stages.items() if isinstance(spec, dict) and any(
+        (out if isinstance(out, str) else next(iter(out), None)) in resume
+        for out in spec.get("outs") or [])}
+
+
 def _without(entries: list[object], paths: set[str]) -> list[object]:
     """``dvc status --json`` entries of one stage less missing ``paths`` among its outputs."""
     kept: list[object] = []
@@ -158,10 +169,12 @@ def _without(entries: list[object], paths: set[str]) -> list[object]:
     return kept
 
 
-def stale_stages(ws: Workspace, ignore: list[str]) -> dict[str, object]:
-    """``dvc status --json`` of the workspace, less the ``ignore``d stages and the missing
-    resume state of the others (:func:`resume_outputs`): what would run."""
-    done = dvc(ws.path, "status", "--json")
+def stale_stages(ws: Workspace, ignore: list[str], target: str | None = None
+                 ) -> dict[str, object]:
+    """``dvc status --json`` of the workspace (of the stage ``target`` alone when given), less
+    the ``ignore``d stages and the missing resume state of the others (:func:`resume_outputs`):
+    what would run."""
+    done = dvc(ws.path, "status", "--json", *([target] if target else []))
     shown = json.loads(done.stdout or "{}")
     resume = resume_outputs(ws)
     stale = {}

@@ -181,3 +181,29 @@ def test_a_moved_source_is_new_work(prefect_server, repo: Path, tmp_path: Path, 
     assert moved.message == "promoted (gate: passed)"
     assert git(repo, "show", "HEAD:sources.txt") == "release 2"
     assert "regrab#prod#2" in git(repo, "tag", "--points-at", "HEAD").split()
+
+
+def test_missing_resume_state_alone_runs_no_stage(prefect_server, repo: Path, monkeypatch):
+    """A new workspace never has a stage's resume state (persist + cache: false: TransE's
+    checkpoints); when that is all the stage lacks, the run must not train it again (at full
+    size a run with new own relations retrained TransE from scratch for the same bytes)."""
+    (repo / "train.py").write_text((repo / "train.py").read_text()
+                                   + "Path('ckpt').mkdir(exist_ok=True)\n"
+                                   + "Path('ckpt/last.txt').write_text('step 9')\n")
+    (repo / "dvc.yaml").write_text((repo / "dvc.yaml").read_text().replace(
+        "    outs: [model.txt]\n",
+        "    outs:\n      - model.txt\n      - ckpt:\n          persist: true\n"
+        "          cache: false\n"))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "train keeps resume state")
+    monkeypatch.setattr(scheduled, "score_champion", task(name="score-champion")(passing))
+    first = scheduled.scheduled_retrain(repo_dir=str(repo), return_state=True)
+    assert first.message == "promoted (gate: no champion)"
+    assert "train" in task_names(first.state_details.flow_run_id)
+
+    (repo / "evaluate.py").write_text((repo / "evaluate.py").read_text() + "# reworded\n")
+    git(repo, "commit", "-qam", "evaluate edited")
+    second = scheduled.scheduled_retrain(repo_dir=str(repo), return_state=True)
+    assert second.message == "promoted (gate: passed)", second.message
+    ran = task_names(second.state_details.flow_run_id)
+    assert "evaluate" in ran and "train" not in ran and "fetch" in ran
