@@ -1,10 +1,13 @@
-"""``regrab-models``: list, promote and roll back versions; export or convert a model.
+"""``regrab-models``: list, register, promote and roll back versions; export or convert
+a model.
 
 ``list`` prints every registered version (git tags ``regrab@vX.Y.Z``) with the headline
 accuracies committed with it and which one is promoted (stage ``prod``: what ``regrab-predict
 --model regrab`` runs). ``promote regrab@vX.Y.Z`` assigns ``prod`` to that version and
 ``rollback`` gives it back to the version that held it before; each is one git tag
-(``regrab#prod#N``, GTO's convention), published with ``git push --tags``.
+(``regrab#prod#N``, GTO's convention), published with ``git push --tags``. ``register [REV]``
+tags a commit (a scheduled run's ``retrain/<run>`` branch that was not promoted, say) as the
+next version, ``regrab@vX.Y.Z``, without promoting it.
 
 ``export`` writes a train-stage checkpoint as a self-describing folder (weights, config,
 relation labels and graph, the pre-trained encoder, a model card) that ``regrab-predict
@@ -25,6 +28,7 @@ plain containers only.)
 
 Usage:
     regrab-models list
+    regrab-models register retrain/<run>
     regrab-models promote regrab@v0.2.0
     regrab-models rollback
     regrab-models export models/nyt25/split_0/regrab/model.safetensors --out my-model \
@@ -66,6 +70,9 @@ def run(argv: list[str] | None = None) -> None:
     pr = sub.add_parser("promote", help=f"make a version the one users run ({registry.PROD})")
     pr.add_argument("version", help=f"{registry.NAME}@vX.Y.Z (see regrab-models list)")
     sub.add_parser("rollback", help=f"give {registry.PROD} back to the version before")
+    rg = sub.add_parser("register", help="tag a commit (default HEAD) as the next version")
+    rg.add_argument("rev", nargs="?", default="HEAD",
+                    help="a commit, tag or branch (a scheduled run's retrain/<run>)")
     ex = sub.add_parser("export", help="write a checkpoint as a self-contained model folder")
     ex.add_argument("checkpoint", type=Path, help=f"a train-stage {MODEL_FILE}")
     ex.add_argument("--out", type=Path, required=True,
@@ -94,6 +101,9 @@ def run(argv: list[str] | None = None) -> None:
     if args.command == "list":
         for line in versions.format_listing(versions.listing(versions.project_root())):
             print(shown(line))
+        return
+    if args.command == "register":
+        print(shown(versions.register(args.rev)))
         return
     if args.command in ("promote", "rollback"):
         print(shown(versions.promote(args.version) if args.command == "promote"

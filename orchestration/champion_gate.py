@@ -23,13 +23,17 @@ from orchestration.workspace import Workspace
 from pipeline import registry
 from pipeline.config import load_benchmarks
 from pipeline.errors import PipelineError
-from pipeline.gate import Decision, PromoteConfig, decide
+from pipeline.gate import NOT_COMPARABLE_EXIT, Decision, PromoteConfig, decide, not_comparable
 from pipeline.report import REFERENCE
 
 #: Where the champion's models are copied in the workspace, and the paired tables written.
 CHAMPION_DIR = Path(".regrab") / "champion"
 #: The project's paired comparison, relative to the workspace.
 PAIRED_RUNS = Path("scripts") / "paired_runs.py"
+
+
+class NotComparable(PipelineError):
+    """The champion saw a test relation of the run's splits: no paired comparison."""
 
 
 def check_benchmarks(params: Path, cfg: PromoteConfig) -> None:
@@ -63,7 +67,7 @@ def paired_table(ws: Workspace, bench: str, splits: Path, champion_dir: Path,
     cmd = [sys.executable, str(PAIRED_RUNS), "--splits", str(splits), "--a", str(champion_dir),
            "--b", str(ws.path / registry.MODELS_DIR / bench), "--methods", REFERENCE,
            "--settings", ",".join(cfg.settings), "--episodes", str(cfg.episodes),
-           "--params", "params.yaml", "--out", str(out)]
+           "--params", "params.yaml", "--out", str(out), "--a-trained-elsewhere"]
     log("$ " + " ".join(cmd))
     # The workspace's packages first: the code of the commit being scored.
     path = os.pathsep.join(p for p in (str(ws.path), os.environ.get("PYTHONPATH")) if p)
@@ -73,6 +77,8 @@ def paired_table(ws: Workspace, bench: str, splits: Path, champion_dir: Path,
         log(line)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        if done.returncode == NOT_COMPARABLE_EXIT:
+            raise NotComparable(f"{bench}: {last.removeprefix('error: not comparable: ')}")
         raise StageError(f"scoring the champion against this run on {bench} failed: {last}")
     return json.loads(out.read_text())
 
@@ -94,5 +100,9 @@ def score(ws: Workspace, champion: registry.Version | None, cfg: PromoteConfig,
         splits = ws.path / benches[bench].splits
         champion_dir = champion_models(ws, champion, bench, splits)
         log(f"{champion.tag}'s {bench} models copied to {champion_dir}")
-        tables[bench] = paired_table(ws, bench, splits, champion_dir, cfg, log)
+        try:
+            tables[bench] = paired_table(ws, bench, splits, champion_dir, cfg, log)
+        except NotComparable as exc:
+            log(f"{champion.tag} and this run cannot be paired: {exc}")
+            return not_comparable(str(exc))
     return decide(tables, cfg)

@@ -20,7 +20,9 @@ is given, this flow works apart from the user's checkout and decides what its re
    summary, and the webhook.
 
 The workspace is removed at the end, and kept (with its path in the error) when a stage fails.
-A run that is not promoted ends Completed with the name ``Not promoted`` and the reason.
+A run that is not promoted ends Completed with the name ``Not promoted`` and the reason; one
+whose champion cannot be paired with it (the champion trained on a relation that is now a
+test relation) ends Completed named ``Not comparable``, its results kept on its branch.
 
 Run it once, locally (Prefect starts a temporary server)::
 
@@ -60,7 +62,7 @@ from orchestration.workspace import Workspace  # noqa: E402
 from pipeline import registry  # noqa: E402
 from pipeline.config import load_params, load_section  # noqa: E402
 from pipeline.errors import PipelineError, run_cli  # noqa: E402
-from pipeline.gate import WEBHOOK_ENV, Decision, PromoteConfig  # noqa: E402
+from pipeline.gate import NOT_COMPARABLE, WEBHOOK_ENV, Decision, PromoteConfig  # noqa: E402
 
 FLOW_NAME = "regrab-scheduled"
 #: Files whose change since the promoted version makes a run worth doing, stale or not.
@@ -288,11 +290,13 @@ def scheduled_retrain(repo_dir: str = ".", cluster: str | None = None,
     keep = bool(commit) and git_branch_unmerged(ws)
     workspace.remove(ws, keep_branch=keep)
     outcome.notify(url, {"run": run, "decision": "promoted" if decision.promote else
-                         "not promoted", "summary": verdict, "lines": lines,
+                         decision.gate if decision.gate == NOT_COMPARABLE else "not promoted",
+                         "summary": verdict, "lines": lines,
                          "table": list(decision.rows)}, logger.info)
     if decision.promote:
         return Completed(message=verdict)
-    return Completed(message=verdict, name="Not promoted")
+    return Completed(message=verdict, name="Not comparable" if decision.gate == NOT_COMPARABLE
+                     else "Not promoted")
 
 
 def git_branch_unmerged(ws: Workspace) -> bool:

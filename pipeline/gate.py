@@ -30,6 +30,11 @@ from pipeline.report import REFERENCE, interval
 
 #: The gate's name when there is no promoted version to compare with.
 NO_CHAMPION = "no champion"
+#: The gate when the champion saw a test relation of the challenger's splits (the benchmark's
+#: relations moved between training and test): no paired comparison is possible.
+NOT_COMPARABLE = "not comparable"
+#: ``scripts/paired_runs.py``'s exit status for that case (``--a-trained-elsewhere``).
+NOT_COMPARABLE_EXIT = 3
 #: Environment variable that overrides ``promote.webhook``.
 WEBHOOK_ENV = "REGRAB_RETRAIN_WEBHOOK"
 
@@ -117,6 +122,12 @@ def headline(table: dict[str, Any], settings: tuple[str, ...]) -> dict[str, Any]
     return {"champion": sum(cells[s]["a"] for s in settings) / len(settings),
             "challenger": sum(cells[s]["b"] for s in settings) / len(settings),
             "diff": spread["mean"], "ci95": ci}
+
+
+def not_comparable(reason: str) -> Decision:
+    """The decision when the champion cannot be scored on the challenger's splits: not
+    promoted, no table, ``reason`` saying why (a person compares and promotes by hand)."""
+    return Decision(False, NOT_COMPARABLE, (f"{NOT_COMPARABLE}: {reason}",), ())
 
 
 def decide(tables: dict[str, dict[str, Any]] | None, cfg: PromoteConfig) -> Decision:

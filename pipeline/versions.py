@@ -237,3 +237,33 @@ def rollback(start: str | Path = ".", name: str = registry.NAME) -> str:
     root = project_root(start)
     before = _promoted(root, name)
     return _changed(before, registry.rollback(root, name), "rolled back")
+
+
+def register(rev: str = "HEAD", start: str | Path = ".", name: str = registry.NAME) -> str:
+    """``regrab-models register [REV]``: tag the commit ``rev`` names (``HEAD``, a branch
+    such as a scheduled run's ``retrain/<run>``, a hash) as the next version; the line says
+    which. It is not promoted: ``regrab-models promote`` does that.
+
+    Raises:
+        PipelineError: ``rev`` names no commit, its commit is a version already, or it has no
+            ``dvc.lock`` (no models to name).
+    """
+    root = project_root(start)
+    try:
+        commit = registry.git(root, "rev-parse", "--verify", f"{rev}^{{commit}}").strip()
+    except PipelineError:
+        raise PipelineError(f"{rev!r} names no commit of {root}; give a branch, tag or commit "
+                            "(git log --oneline shows them)") from None
+    same = [v.tag for v in registry.versions(root, name) if v.commit == commit]
+    if same:
+        raise PipelineError(f"commit {commit[:7]} is {same[0]} already; promote it with "
+                            f"regrab-models promote {same[0]}")
+    try:
+        registry.git(root, "cat-file", "-e", f"{commit}:dvc.lock")
+    except PipelineError:
+        raise PipelineError(f"commit {commit[:7]} has no dvc.lock, so it names no models; "
+                            "register a commit that dvc repro (or a scheduled run) "
+                            "committed") from None
+    made = registry.register(root, commit, name=name)
+    return (f"registered {made.tag} (commit {commit[:7]}); not promoted: regrab-models "
+            f"promote {made.tag} makes it the one --model {name} runs")

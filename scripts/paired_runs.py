@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,11 +33,12 @@ import torch
 import stages  # noqa: F401  (declares params.yaml's sections)
 from model.encoder.frozen_cache import LowerCache
 from model.evaluation.config import EvalConfig
-from model.evaluation.splits import evaluate_split
+from model.evaluation.splits import TrainedOnTest, evaluate_split
 from pipeline import report
 from pipeline.config import load_section, set_threads
 from pipeline.errors import PipelineError, run_cli
 from pipeline.fewrel import load_relation_descriptions
+from pipeline.gate import NOT_COMPARABLE_EXIT
 from pipeline.io import atomic_path
 
 #: What the evaluate stage reads (dvc.yaml), relative to the project root.
@@ -44,12 +46,12 @@ RELATIONS = Path("data/raw/fewrel/pid2name.json")
 
 
 def episodes_of(models: Path, split_dir: Path, index: int, cfg: EvalConfig,
-                descriptions: dict[str, str | None] | None = None
+                descriptions: dict[str, str | None] | None = None, same_inputs: bool = True
                 ) -> dict[str, dict[str, np.ndarray]]:
     """``{method: {setting: per-episode accuracy}}`` of one split's checkpoints."""
     with torch.no_grad():
         cells, _ = evaluate_split(split_dir, models, cfg, "cpu", LowerCache(), index,
-                                  descriptions=descriptions)
+                                  descriptions=descriptions, same_inputs=same_inputs)
     return {m: {s: np.asarray(c["episodes"], float) for s, c in row.items()}
             for m, row in cells.items()}
 
@@ -70,6 +72,11 @@ def main(argv: list[str] | None = None) -> dict:
                         help="test episodes per split and setting, drawn as evaluate draws them "
                              "(default 0: evaluate.episodes)")
     parser.add_argument("--out", type=Path, default=None, help="JSON of the differences")
+    parser.add_argument("--a-trained-elsewhere", action="store_true",
+                        help="A's models may have been trained on other training data than "
+                             "the splits' (a champion trained before new data): they are "
+                             "scored as long as they never saw a test relation; when they did, "
+                             f"exit {NOT_COMPARABLE_EXIT} ('not comparable')")
     args = parser.parse_args(argv)
     base = load_section(EvalConfig, "evaluate", args.params)
     if args.episodes < 0:
@@ -90,7 +97,14 @@ def main(argv: list[str] | None = None) -> dict:
     pairs: dict[str, dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]] = {}
     for name in names:
         index = int(name.rsplit("_", 1)[-1])
-        a = episodes_of(args.a, args.splits / name, index, cfg, said)
+        try:
+            a = episodes_of(args.a, args.splits / name, index, cfg, said,
+                            same_inputs=not args.a_trained_elsewhere)
+        except TrainedOnTest as exc:
+            if not args.a_trained_elsewhere:
+                raise
+            print(f"error: not comparable: {exc}", file=sys.stderr)
+            sys.exit(NOT_COMPARABLE_EXIT)
         b = episodes_of(args.b, args.splits / name, index, cfg, said)
         for m in cfg.methods:
             for s in a.get(m, {}):

@@ -54,13 +54,21 @@ def split_digests(split_dir: Path) -> dict[str, str | None]:
     return {part: file_digest(split_dir / f"{part}.parquet") for part in ("train", "val")}
 
 
+class TrainedOnTest(PipelineError):
+    """A model trained or validated on a relation of the test file it is to be scored on."""
+
+
 def check_trained_on(checkpoint: Checkpoint, split_dir: Path, digests: dict[str, Any],
-                     path: Path, test_relations: list[str]) -> None:
+                     path: Path, test_relations: list[str], same_inputs: bool = True) -> None:
     """Refuse a model whose stored split digests are not those of ``split_dir``, or whose
     training or validation relations are among the split's test relations (a test file
-    from another split: the digests cover the train and val files only)."""
+    from another split: the digests cover the train and val files only).
+
+    ``same_inputs=False`` accepts a model trained on other training data (a champion trained
+    before this week's new data, scored beside its challenger): only the test relations
+    must be unseen by it (:class:`TrainedOnTest` otherwise)."""
     inputs = (checkpoint.params or {}).get("inputs") or {}
-    for part, digest in digests.items():
+    for part, digest in digests.items() if same_inputs else ():
         if part not in inputs:
             raise PipelineError(f"{path} records no digest of its {part}.parquet, so it cannot "
                                 f"be checked against {split_dir}; retrain it (dvc repro train)")
@@ -73,7 +81,7 @@ def check_trained_on(checkpoint: Checkpoint, split_dir: Path, digests: dict[str,
     overlap = sorted(set(test_relations) & {str(r) for part in ("train", "val")
                                             for r in seen.get(part) or ()})
     if overlap:
-        raise PipelineError(
+        raise TrainedOnTest(
             f"{split_dir / 'test.parquet'} holds relations {overlap} that {path} was trained "
             f"or validated on, so it is not {split_dir.name}'s test file; rebuild the splits "
             "(dvc repro) or pass the --splits folder the models were trained on")
@@ -119,10 +127,11 @@ def _no_graph(relations: list[str]) -> torch.Tensor:
 def evaluate_split(split_dir: Path, models_dir: Path, cfg: EvalConfig, device: str,
                    cache: LowerCache, split_index: int, capped: Mapping[str, int] | None = None,
                    descriptions: Mapping[str, str | None] | None = None,
-                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+                   same_inputs: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cells and NOTA cells of the split folder ``split_dir`` (see :func:`evaluate_episodes`).
 
-    A model is scored only if it was trained on this split (:func:`check_trained_on`).
+    A model is scored only if it was trained on this split (:func:`check_trained_on`; with
+    ``same_inputs=False``, only if it never saw the split's test relations).
     ``descriptions`` (relation id -> description) are read, with their names, for relations
     outside a model's graph by priors with ``descriptions: true``.
     """
@@ -131,7 +140,7 @@ def evaluate_split(split_dir: Path, models_dir: Path, cfg: EvalConfig, device: s
     digests = split_digests(split_dir)
 
     def check(checkpoint: Checkpoint, path: Path) -> None:
-        check_trained_on(checkpoint, split_dir, digests, path, eps.test.relations)
+        check_trained_on(checkpoint, split_dir, digests, path, eps.test.relations, same_inputs)
 
     return evaluate_episodes(eps, models_dir, cfg, device, cache, check, capped)
 

@@ -13,7 +13,7 @@ import pytest
 
 from model.evaluation.config import EvalConfig
 from model.evaluation.split_episodes import SplitEpisodes, detection_cell, nota_key
-from model.evaluation.splits import check_trained_on
+from model.evaluation.splits import TrainedOnTest, check_trained_on
 from model.files.checkpoint import Checkpoint
 from pipeline.errors import PipelineError
 from pipeline.io import read_fewshot
@@ -75,6 +75,12 @@ def test_check_trained_on_refuses_another_split():
         check_trained_on(bare, split, {"train": "a"}, path, ["P6"])
     with pytest.raises(PipelineError, match=r"holds relations \['P2'\]"):
         check_trained_on(trained, split, {"train": "a", "val": "b"}, path, ["P2", "P6"])
+    # Trained on other training data (a champion before new data): scored unless it saw a
+    # test relation.
+    check_trained_on(trained, split, {"train": "x", "val": "y"}, path, ["P6"], same_inputs=False)
+    with pytest.raises(TrainedOnTest, match=r"holds relations \['P1'\]"):
+        check_trained_on(trained, split, {"train": "x", "val": "y"}, path, ["P1"],
+                         same_inputs=False)
 
 
 def test_data_without_validation_relations_makes_its_choices_on_other_episodes(tmp_path):

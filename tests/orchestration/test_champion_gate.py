@@ -19,9 +19,11 @@ import yaml
 from orchestration import champion_gate, workspace
 from pipeline import registry
 from pipeline.gate import PromoteConfig
+from pipeline.io import write_parquet
+from pipeline.schemas import FEWSHOT_SCHEMA
 from stages import train
 from tests.conftest import ROOT, project_params
-from tests.model.tiny_regrab import labels_of, toy_project, toy_train_sections
+from tests.model.tiny_regrab import labels_of, toy_project, toy_table, toy_train_sections
 
 pytestmark = pytest.mark.slow  # trains a toy model, scores it twice in a subprocess
 
@@ -82,3 +84,52 @@ def test_same_models_pass_the_gate_on_paired_episodes(project: Path):
 def test_no_champion_scores_nothing(project: Path):
     decision = champion_gate.score(None, None, CFG, print)  # type: ignore[arg-type]
     assert decision.promote and decision.gate == "no champion" and decision.rows == ()
+
+
+def challenger_on(ws: workspace.Workspace, parts: dict[str, list[str]], seed: int) -> None:
+    """New data in the workspace: each split's files rewritten with ``parts``' relations
+    (new sentences), and its REGRAB retrained on them, as a run with new data would."""
+    for split in ("split_0", "split_1"):
+        for name, rels in parts.items():
+            write_parquet(toy_table(rels, 12, seed=seed + len(name)),
+                          ws.path / "splits" / split / f"{name}.parquet", FEWSHOT_SCHEMA)
+    shutil.rmtree(ws.path / "models" / "nyt25")
+    graph = ws.path / "graph.parquet"
+    train.main(["--splits", str(ws.path / "splits"), "--graph", str(graph), "--features",
+                str(ws.path / "features.parquet"), "--relations", str(labels_of(graph)),
+                "--out", str(ws.path / "models" / "nyt25"),
+                "--params", str(ws.path / "params.yaml")])
+
+
+def test_a_champion_trained_before_new_data_is_scored_beside_the_challenger(project: Path):
+    """The challenger trained on more data than the champion (the point of a retrain): the
+    champion's checkpoints record other training files, and are still scored on the same
+    test episodes, since they never saw a test relation."""
+    champion = registry.resolve(project, "regrab")
+    ws = workspace.create(project, "newdata")
+    try:
+        workspace.dvc(ws.path, "checkout")
+        challenger_on(ws, {"train": ["P1", "P2", "P3"]}, seed=50)
+        decision = champion_gate.score(ws, champion, CFG, print)
+    finally:
+        workspace.remove(ws, keep_branch=False)
+    assert decision.gate in ("passed", "failed") and decision.rows, decision
+    rows = {r["setting"]: r for r in decision.rows}
+    assert 0 <= rows["2w1s"]["champion"] <= 100 and 0 <= rows["2w1s"]["challenger"] <= 100
+
+
+def test_a_champion_that_trained_on_a_test_relation_is_not_comparable(project: Path):
+    """New data moved P1 from training to test: the champion trained on it, so no paired
+    comparison is fair; the gate says so instead of failing the run."""
+    champion = registry.resolve(project, "regrab")
+    ws = workspace.create(project, "moved")
+    try:
+        workspace.dvc(ws.path, "checkout")
+        challenger_on(ws, {"train": ["P2", "P3", "P6"], "test": ["P1", "P7", "P8"]}, seed=60)
+        decision = champion_gate.score(ws, champion, CFG, print)
+    finally:
+        workspace.remove(ws, keep_branch=False)
+    assert not decision.promote and decision.gate == "not comparable" and decision.rows == ()
+    (reason,) = decision.reasons
+    assert reason.startswith("not comparable: nyt25: ") and "'P1'" in reason, reason
+    assert decision.summary().startswith("not promoted: not comparable: nyt25")

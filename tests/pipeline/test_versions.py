@@ -66,3 +66,30 @@ def test_score_and_promote_refuse_what_names_no_benchmark_or_version():
     for text in ("regrab", "regrab#prod", "regrab@v0.2.0:nyt25/split_0/regrab"):
         with pytest.raises(PipelineError, match="promote takes one version"):
             versions.promote(text)
+
+
+def test_register_tags_a_commit_once_and_only_one_with_models(tmp_path):
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c",
+                               "user.email=t@x", *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    git("init", "-q", "-b", "main")
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    (tmp_path / "README").write_text("no models yet\n")
+    git("add", "-A")
+    git("commit", "-qm", "no lock")
+    with pytest.raises(PipelineError, match="has no dvc.lock, so it names no models"):
+        versions.register("HEAD", tmp_path)
+    (tmp_path / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
+    git("add", "-A")
+    git("commit", "-qm", "a run's results")
+    git("branch", "retrain/weekly")
+    said = versions.register("retrain/weekly", tmp_path)
+    assert said.startswith("registered regrab@v0.1.0 (commit ") and "not promoted" in said
+    (made,) = registry.versions(tmp_path)
+    assert made.commit == git("rev-parse", "HEAD") and made.stages == ()
+    with pytest.raises(PipelineError, match=r"is regrab@v0\.1\.0 already"):
+        versions.register("HEAD", tmp_path)
+    with pytest.raises(PipelineError, match="names no commit"):
+        versions.register("retrain/nothing", tmp_path)
