@@ -150,7 +150,7 @@ def calibrate(params: Path, data: Path, steps: int, log: Log) -> dict[str, float
     from model.training.loop import TokenCache, prepare, train_step, validate
     from model.training.state import save_state
     from pipeline.config import load_section, select_device, set_threads
-    from stages.train import load_graph
+    from model.training.jobs import load_graph
 
     imports = time.perf_counter() - t
     cfg = load_train(params, "nyt25")
