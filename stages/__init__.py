@@ -20,7 +20,7 @@ SECTION_OWNERS = {
     "prepare_own": "model.own_data",
     "evaluate_own": "model.evaluation.own_config",
     "train_transe": "model.transe.config",
-    "build_graph": "stages.build_graph",
+    "build_graph": "model.prior.config",
     "model": "model.config",
     "train": "model.training.config",
     "comparison": "model.training.config",
