@@ -14,9 +14,9 @@ from pipeline.sections import declare_sections
 SECTION_OWNERS = {
     "benchmarks": "pipeline.config",
     "fetch": "pipeline.sources",
-    "prepare_fewshot": "stages.prepare_fewshot",
-    "split_nyt": "stages.split_nyt",
-    "split_fewrel": "stages.split_fewrel",
+    "prepare_fewshot": "pipeline.data_sections",
+    "split_nyt": "pipeline.data_sections",
+    "split_fewrel": "pipeline.data_sections",
     "prepare_own": "model.own_data",
     "evaluate_own": "model.evaluation.own_config",
     "train_transe": "model.transe.config",
@@ -27,7 +27,7 @@ SECTION_OWNERS = {
     "evaluate": "model.evaluation.config",
     "transfer": "model.evaluation.config",
     "active_labelling": "model.predict.config",
-    "tune_splits": "scripts.make_tuning_splits",
+    "tune_splits": "pipeline.data_sections",
     "promote": "pipeline.gate",
 }
 
