@@ -3,8 +3,8 @@ then the checks that span sections.
 
 :func:`check_params` validates every section with its registered schema
 (:mod:`pipeline.sections`; the catalog of sections must be declared first, as importing
-``stages`` does), then runs the checks across sections it is given (the model's are
-``model.params_checks.CROSS_CHECKS``). With overrides (``-S key=value``), only sections that a
+``stages`` does), then runs the checks across sections it is given (the model's, from the
+floor above). With overrides (``-S key=value``), only sections that a
 known schema reads in the file as it stands are checked, what the overrides touch first, and a
 failure names the overrides; without, every section is checked and a section no stage reads is
 refused. The ``check_params`` stage runs it on ``params.yaml``; the flow's overrides reach it
@@ -68,7 +68,7 @@ def check_params(before: dict[str, Any], after: dict[str, Any], changed: dict[st
         changed: ``{key: "-S key=value"}`` of the overrides, to name in the message; empty
             when ``after`` is the file as it stands.
         root: the folder the stages run in (relative paths are found from there).
-        cross_checks: the checks that span sections (``model.params_checks.CROSS_CHECKS``).
+        cross_checks: the checks that span sections, in the order they run.
 
     Raises:
         PipelineError: ``-S key=value: what the stage would say; change the override`` (without
