@@ -23,7 +23,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import time
@@ -35,9 +34,9 @@ import torch
 
 from model.predict.config import ActiveLabellingParams
 from model.predict.labelling import fill_cache, label_set, plan
-from pipeline import labelling_report, report
+from pipeline import labelling_report, report, stage_cli
 from pipeline.cluster import add_cluster_argument
-from pipeline.config import load_section, select_device, set_threads
+from pipeline.config import load_section, set_threads
 from pipeline.errors import run_cli
 from pipeline.io import atomic_paths, check_writable, remove_stale_temporaries
 from pipeline.workers import JobFiles, run_jobs, usable_workers
@@ -46,7 +45,7 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--models", type=Path, default=Path("models"),
                         help="folder of the benchmarks' models folders")
     parser.add_argument("--metrics", type=Path, required=True, help="the summary (JSON)")
@@ -60,17 +59,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="relation names and descriptions (FewRel's pid2name.json format) "
                              "of the benchmark's test relations, read by priors with "
                              "model.prior.descriptions")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    stage_cli.add_params(parser)
     add_cluster_argument(parser, "labelling jobs")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    stage_cli.start_logging()
     params = load_section(ActiveLabellingParams, "active_labelling", args.params)
     outputs = [args.metrics, args.table, args.plot, args.figure or args.plot.with_suffix(".png")]
     for path in outputs:
         check_writable(path)
         remove_stale_temporaries(path.parent, [path.name])
-    set_threads(params.threads)
-    device = select_device(params.device, f"{args.params} active_labelling.device")
+    device = stage_cli.threads_and_device(params.threads, params.device,
+                                          f"{args.params} active_labelling.device")
     t0 = time.perf_counter()
     jobs, titles = plan(args, params)
     workers = usable_workers(params.workers, device, len(jobs))

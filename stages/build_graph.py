@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from model.prior.config import BuildGraphParams
 from model.prior.knn import build_graph, read_embeddings
+from pipeline import stage_cli
 from pipeline.config import load_section
 from pipeline.errors import run_cli
 from pipeline.io import write_parquet
@@ -29,9 +30,9 @@ from pipeline.schemas import GRAPH_SCHEMA
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--embeddings", required=True, type=Path, help="relation embeddings")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    stage_cli.add_params(parser)
     parser.add_argument("--out", required=True, type=Path, help="GRAPH_SCHEMA Parquet")
     return parser.parse_args(argv)
 

@@ -31,20 +31,18 @@ from pathlib import Path
 import yaml
 
 from model.params_checks import check_params
+from pipeline import stage_cli
 from pipeline.config import load_params
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_path
-from pipeline.params_check import PARAMS_NAME
 
 #: What the output holds: the same bytes for every valid params file.
 CHECKED = "every section of params.yaml passed its schema and the checks across sections\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--params", type=Path, default=Path(PARAMS_NAME),
-                        help="the params file to check (default: params.yaml)")
+    parser = stage_cli.parser(__doc__, paragraph=True, raw=True)
+    stage_cli.add_params(parser, help="the params file to check (default: params.yaml)")
     parser.add_argument("--out", type=Path, required=True,
                         help="file written when every check passes (a fixed sentence)")
     # The flow's and `regrab-overrides`' request: {before, after, changed, root} as YAML.

@@ -39,6 +39,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipeline import stage_cli
 from pipeline.errors import PipelineError, run_cli
 from pipeline.headline import headline
 from pipeline.report import REFERENCE, write_json_ordered
@@ -62,8 +63,7 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m stages.headline",
-                                     description=__doc__.split("\n\n")[0])
+    parser = stage_cli.parser(__doc__, paragraph=True, prog="python -m stages.headline")
     parser.add_argument("--benchmark", required=True, help="key of params.yaml benchmarks")
     parser.add_argument("--metrics", required=True, type=Path,
                         help="the benchmark's metrics JSON (stage evaluate)")

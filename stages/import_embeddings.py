@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline import stage_cli
 from pipeline.embeddings_pickle import embeddings_table, restricted_loads, validate
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import write_parquet
@@ -27,7 +28,7 @@ from pipeline.schemas import embeddings_schema
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--pickle", required=True, type=Path, help="the released embeddings.pkl")
     parser.add_argument("--out", required=True, type=Path, help="relation embeddings Parquet")
     return parser.parse_args(argv)

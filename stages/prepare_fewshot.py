@@ -7,10 +7,10 @@ counted by reason in ``report.json``. The output folder appears whole or not at 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
+from pipeline import stage_cli
 from pipeline.config import load_section
 from pipeline.data_sections import PrepareFewshotParams, check_datasets
 from pipeline.errors import run_cli
@@ -44,11 +44,11 @@ def prepare(raw: Path, out: Path, datasets: list[str], pid2name: Path | None) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--raw", default="data/raw/fewrel", help="folder with FewRel JSON files")
     parser.add_argument("--out", default="data/fewshot")
     parser.add_argument("--pid2name", default=None, help="defaults to RAW/pid2name.json")
-    parser.add_argument("--params", default="params.yaml")
+    stage_cli.add_params(parser)
     args = parser.parse_args(argv)
     cfg = load_section(PrepareFewshotParams, "prepare_fewshot", args.params)
     raw = Path(args.raw)

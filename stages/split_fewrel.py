@@ -16,7 +16,6 @@ the layout of the NYT-25 splits, so ``train`` and ``evaluate`` run on it unchang
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline import stage_cli
 from pipeline.config import load_section
 from pipeline.data_sections import SplitFewrelParams
 from pipeline.errors import PipelineError, run_cli
@@ -72,14 +72,14 @@ def make_split(train: pa.Table, test: pa.Table, cfg: SplitFewrelParams,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--train", type=Path, default=Path("data/fewshot/train_wiki.parquet"))
     parser.add_argument("--test", type=Path, default=Path("data/fewshot/val_wiki.parquet"))
     parser.add_argument("--out", type=Path, default=Path("data/benchmarks/fewrel"))
     parser.add_argument("--own", type=Path, default=None,
                         help="own relations that join the train part (prepare_own's "
                              "train.parquet)")
-    parser.add_argument("--params", default="params.yaml")
+    stage_cli.add_params(parser)
     args = parser.parse_args(argv)
     cfg = load_section(SplitFewrelParams, "split_fewrel", args.params)
     own = read_fewshot(args.own) if args.own is not None else None

@@ -8,7 +8,6 @@ relations of every split.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline import stage_cli
 from pipeline.config import load_section
 from pipeline.data_sections import SplitParams, check_seeds
 from pipeline.errors import PipelineError, run_cli
@@ -70,10 +70,10 @@ def make_splits(table: pa.Table, out: Path, seeds: list[int], sizes: dict[str, i
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--data", default="data/fewshot/val_nyt.parquet")
     parser.add_argument("--out", default="data/splits")
-    parser.add_argument("--params", default="params.yaml")
+    stage_cli.add_params(parser)
     args = parser.parse_args(argv)
     cfg = load_section(SplitParams, "split_nyt", args.params)
     sizes = {part: getattr(cfg, f"{part}_relations") for part in PARTS}

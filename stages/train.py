@@ -22,7 +22,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from pathlib import Path
@@ -47,8 +46,9 @@ from model.training.jobs import (
     warm_cache,
 )
 from model.training.loop import TokenCache
+from pipeline import stage_cli
 from pipeline.cluster import add_cluster_argument
-from pipeline.config import load_section, select_device, set_threads
+from pipeline.config import load_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import file_digest, remove_stale_temporaries, write_json
 from pipeline.workers import JobFiles, run_jobs, usable_workers
@@ -57,20 +57,20 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--splits", type=Path, required=True)
     parser.add_argument("--graph", type=Path, required=True)
     parser.add_argument("--features", type=Path, required=True)
     parser.add_argument("--relations", type=Path, default=None,
                         help="relation labels (RELATIONS_SCHEMA), read by model.prior.text")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    stage_cli.add_params(parser)
     parser.add_argument("--benchmark", default=None,
                         help="an entry of params.yaml benchmarks: train with its `train` keys "
                              "in place of the train section's")
     add_cluster_argument(parser, "training jobs")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    stage_cli.start_logging()
     cfg = load_train(args.params, args.benchmark)
     comparison = load_comparison(args.params, cfg.methods)
     model_params = load_section(ModelParams, "model", args.params)
@@ -82,8 +82,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     inputs = {"graph": file_digest(args.graph), "features": file_digest(args.features)}
     if args.relations is not None:
         inputs["relations"] = file_digest(args.relations)
-    set_threads(cfg.threads)
-    device = select_device(cfg.device, "params.yaml train.device")
+    device = stage_cli.threads_and_device(cfg.threads, cfg.device, "params.yaml train.device")
     graph = load_graph(args.graph, args.features, args.relations) if uses_graph else None
     # summary.json is written atomically too: a kill during that write leaves its temporary.
     remove_stale_temporaries(args.out)

@@ -23,7 +23,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 from typing import Any
@@ -34,9 +33,9 @@ from model.episodes import Setting
 from model.evaluation.config import EvalConfig, TransferParams
 from model.evaluation.transfer import checkpoints, cut_relations, relation_texts, score_table
 from model.evaluation.transfer_report import headline, markdown
-from pipeline import report
+from pipeline import report, stage_cli
 from pipeline.cluster import add_cluster_argument
-from pipeline.config import load_benchmarks, load_section, select_device, set_threads
+from pipeline.config import load_benchmarks, load_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_paths, check_writable, read_fewshot
 
@@ -44,24 +43,24 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--models", type=Path, default=Path("models"),
                         help="folder of the benchmarks' models folders")
     parser.add_argument("--metrics", type=Path, required=True)
     parser.add_argument("--report", type=Path, required=True)
     parser.add_argument("--table", type=Path, required=True)
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    stage_cli.add_params(parser)
     add_cluster_argument(parser, "scoring jobs")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    stage_cli.start_logging()
     params = load_section(TransferParams, "transfer", args.params)
     base = load_section(EvalConfig, "evaluate", args.params)
     benchmarks = load_benchmarks(args.params)
     for out in (args.metrics, args.report, args.table):
         check_writable(out)
     settings = [Setting.parse(s) for s in params.settings]
-    set_threads(base.threads)
-    device = select_device(base.device, f"{args.params} evaluate.device")
+    device = stage_cli.threads_and_device(base.threads, base.device,
+                                          f"{args.params} evaluate.device")
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for name, spec in params.sets.items():
         unknown = sorted(set(spec.benchmarks) - set(benchmarks))
