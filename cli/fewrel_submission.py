@@ -59,7 +59,7 @@ from model.evaluation.uncertainty import mc_log_probs
 from model.predict.predictor import NonFinite, Predictor
 from model.predict.sentences import Sentence, parse_sentence
 from model.prior.labels import PRIOR_KINDS, relation_name
-from pipeline.config import select_device, set_threads
+from pipeline import stage_cli
 from pipeline.errors import PipelineError
 from pipeline.fewrel import load_json, load_relation_texts
 from pipeline.io import atomic_path, check_writable
@@ -295,8 +295,7 @@ def run_predict(args: argparse.Namespace) -> dict[str, Any]:
         "give --input FewRel's test input: a JSON list of {meta_train, meta_test}")),
         str(args.input))
     names = read_pid2name(args.pid2name) if args.pid2name is not None else {}
-    set_threads(args.threads)
-    device = select_device(args.device, "--device")
+    device = stage_cli.threads_and_device(args.threads, args.device, "--device")
     predictor = Predictor.from_checkpoint(args.checkpoint, device, seed=args.seed,
                                           batch_size=args.batch_size)
     check_episodes_time(predictor, episodes)  # before anything is encoded or sampled
@@ -347,7 +346,7 @@ def run_score(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="regrab-fewrel-test", description=__doc__.splitlines()[0])
+    p = stage_cli.parser(__doc__, prog="regrab-fewrel-test")
     sub = p.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("predict", help="write the answer file for a test input")
     pr.add_argument("--checkpoint", type=Path, required=True,

@@ -40,7 +40,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import filecmp
 from pathlib import Path
 
@@ -49,7 +48,7 @@ from cli.text import shown
 from model.files import loader
 from model.files.checkpoint import MODEL_FILE, STATE_FILE, convert_legacy
 from model.files.model_folder import OWN_ENTRIES, check_out, check_report, export
-from pipeline import registry, versions
+from pipeline import registry, stage_cli, versions
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, check_writable, resolved
 
@@ -64,7 +63,7 @@ def benchmark_of(checkpoint: Path) -> str | None:
 
 
 def run(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="regrab-models", description=__doc__.split("\n")[0])
+    parser = stage_cli.parser(__doc__, prog="regrab-models")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="registered versions, their headline metrics, the promoted one")
     pr = sub.add_parser("promote", help=f"make a version the one users run ({registry.PROD})")

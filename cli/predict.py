@@ -65,7 +65,7 @@ from model.predict.records import (
     support_from_records,
 )
 from model.predict.sentences import Sentence
-from pipeline.config import select_device, set_threads
+from pipeline import stage_cli
 from pipeline.errors import PipelineError
 from pipeline.fewrel import load_relation_texts, relation_text
 
@@ -210,7 +210,7 @@ def read_queries(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="regrab-predict", description=__doc__.split("\n\n")[0])
+    p = stage_cli.parser(__doc__, paragraph=True, prog="regrab-predict")
     add_model_option(p)
     p.add_argument("--support", type=Path, help="JSONL/Parquet rows {relation, sentence}")
     p.add_argument("--zero-shot", action="append", default=[], metavar="IDS",
@@ -266,8 +266,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def support_inputs(args: argparse.Namespace) -> tuple[str, Any, Any, Any]:
     """Threads set, then the device, the support and the relations' names and descriptions
     that ``--support``, ``--zero-shot``, ``--name`` and ``--relations`` give."""
-    set_threads(args.threads)
-    device = select_device(args.device, "--device")
+    device = stage_cli.threads_and_device(args.threads, args.device, "--device")
     zero_shot = [r for given in args.zero_shot for r in split_relations(given)]
     support = read_support(args.support, zero_shot)
     names, descriptions = read_texts(args.support, args.name, args.relations)

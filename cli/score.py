@@ -39,7 +39,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 from pathlib import Path
@@ -58,8 +57,8 @@ from model.evaluation.splits import EvalConfig
 from model.evaluation.transfer import score_table, stored_models
 from model.methods import registry
 from model.prior.labels import PRIOR_KINDS, TEXT_KINDS
-from pipeline import report, versions
-from pipeline.config import load_section, select_device, set_threads
+from pipeline import report, stage_cli, versions
+from pipeline.config import load_section
 from pipeline.errors import PipelineError
 from pipeline.fewrel import convert, load_json
 from pipeline.io import atomic_paths, check_writable
@@ -150,7 +149,7 @@ def relation_texts(texts: dict[str, tuple[str, str | None]], scored: list[str],
 
 def score(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse arguments, score, write the tables; returns metrics and the relation lists."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--data", type=Path, required=True, help="FewRel-format JSON file")
     parser.add_argument("--models", type=Path, required=True,
                         help="a benchmark's models folder (split_*/<method>/model.safetensors),"
@@ -170,8 +169,7 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
                              "at most what fits in half the machine's memory")
     parser.add_argument("--keep-trained", action="store_true",
                         help="keep (and flag) relations a checkpoint was trained on")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"),
-                        help="evaluate section: queries, seed, batch sizes, device")
+    stage_cli.add_params(parser, help="evaluate section: queries, seed, batch sizes, device")
     parser.add_argument("--relations", type=Path, metavar="FILE",
                         help="names and descriptions of the data's relations, FewRel's "
                              "pid2name.json format: {\"key\": [\"name\", \"description\"]} "
@@ -183,7 +181,7 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     check_readable(args.params, "--params")
     if args.relations is not None:
         check_readable(args.relations, "--relations")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    stage_cli.start_logging()
     outputs = [args.out.with_name(args.out.name + end) for end in (".json", "_report.json",
                                                                     ".md")]
     for path in outputs:  # every one before the scoring, not after it
@@ -216,8 +214,8 @@ def score(argv: list[str] | None = None) -> dict[str, Any]:
     stored = stored_models(args.models, wanted or registry.names())
     check_stored_chains([f for paths in stored.values() for f in paths.values()],
                         settings + bounds(unequal), args.episodes or base.episodes)
-    set_threads(base.threads)
-    device = select_device(base.device, f"{args.params} evaluate.device")
+    device = stage_cli.threads_and_device(base.threads, base.device,
+                                          f"{args.params} evaluate.device")
     with torch.no_grad():
         result = score_table(
             args.data.name, table, args.models, base, settings, device,

@@ -66,6 +66,7 @@ from model.predict.active import (
 from model.predict.config import STRATEGIES
 from model.predict.predictor import NonFinite, Predictor
 from model.predict.typiclust import typiclust_ranking
+from pipeline import stage_cli
 from pipeline.errors import PipelineError
 
 OUTPUT_FORMATS = (".jsonl", ".csv", ".parquet")
@@ -94,9 +95,8 @@ def write_ranked(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    doc = __doc__ or ""
-    p = argparse.ArgumentParser(
-        prog="regrab-suggest", description=doc.split("\n\n")[0],
+    p = stage_cli.parser(
+        __doc__, paragraph=True, prog="regrab-suggest",
         epilog="strategies: " + "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items()))
     add_model_option(p)
     p.add_argument("--support", type=Path, required=True,

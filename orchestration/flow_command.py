@@ -3,7 +3,8 @@
 Prefect takes seconds to import (many on a busy machine), and the schemas of the model's
 sections pull in torch: :func:`check_overrides` refuses a bad ``-S`` override before either is
 imported (the override's own section and the checks that read it are checked first, see
-:func:`stages.check_params.check_params`), so a typo is one ``error:`` line at once.
+:func:`pipeline.params_check.check_params`, run by :func:`orchestration.checks.check_params`
+in a child Python), so a typo is one ``error:`` line at once.
 
 Prefect's temporary server (a run without ``PREFECT_API_URL``) gets
 :func:`server_startup_s` seconds to answer, from the machine's load: Prefect's default of 20

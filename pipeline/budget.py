@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 from pipeline.errors import PipelineError
 
@@ -92,3 +92,20 @@ def check_time(what: str, count: int, per_item_s: float, unit: str, fix: str) ->
             f"{what} would take about {duration(total)} on this machine ({count:,} {unit}s of "
             f"{duration(per_item_s)} each, measured here), more than {duration(MAX_RUN_S)}; "
             f"{fix}")
+
+
+def episode_bytes(shapes: Iterable[tuple[int, int]], queries: int, methods: int) -> int:
+    """Bytes that one episode of each ``(ways, shots)`` holds while it is scored: its episode
+    table (int64 rows of ``ways * (shots + queries)`` sentences) and every method's
+    probabilities (``ways * queries`` rows of ``ways`` float64)."""
+    return sum(ways * (shots + queries) * 8 + methods * ways * queries * ways * 8
+               for ways, shots in shapes)
+
+
+def check_chains(chains: Mapping[str, int], per_chain_s: Mapping[str, float], what: str,
+                 fix: str) -> None:
+    """Stop when the chains of every method (``chains[m]`` of ``per_chain_s[m]`` seconds
+    each) take over :data:`MAX_RUN_S`, as :func:`check_time` says for their mean."""
+    total = sum(n * per_chain_s[m] for m, n in chains.items())
+    count = sum(chains.values())
+    check_time(what, count, total / max(count, 1), "chain", fix)

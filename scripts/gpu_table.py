@@ -147,10 +147,10 @@ def calibrate(params: Path, data: Path, steps: int, log: Log) -> dict[str, float
     from model.encoder.frozen_cache import LowerCache
     from model.methods.registry import config_for_method
     from model.training.config import load_train
+    from model.training.jobs import load_graph
     from model.training.loop import TokenCache, prepare, train_step, validate
     from model.training.state import save_state
     from pipeline.config import load_section, select_device, set_threads
-    from stages.train import load_graph
 
     imports = time.perf_counter() - t
     cfg = load_train(params, "nyt25")

@@ -20,32 +20,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 import stages  # noqa: F401  (declares params.yaml's sections: a misspelt one is refused)
-from pipeline.config import field, load_section, parse_section, register_section
+from pipeline.config import load_section, parse_section
+from pipeline.data_sections import TuneSplitsParams
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import read_parquet, write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
-
-
-@register_section("tune_splits")
-@dataclass(frozen=True)
-class TuneSplitsParams:
-    """``params.yaml`` section ``tune_splits``: the test part of every tuning split.
-
-    Read by ``scripts/make_tuning_splits.py``, not a DVC stage.
-    """
-
-    relations: int = field(ge=1, doc="FewRel train_wiki relations (in no NYT-25 test set) "
-                                     "drawn for the test part of every tuning split")
-    per_relation: int = field(ge=1, doc="sentences kept per relation (the first ones, in "
-                                        "file order)")
-    seed: int = field(doc="seed of the relation draw")
 
 
 def load_params(path: Path, given: dict[str, int | None]) -> TuneSplitsParams:

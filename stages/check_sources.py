@@ -7,17 +7,17 @@ file is copied as it is (no network). The file's bytes depend only on the source
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from pipeline import stage_cli
 from pipeline.config import data_mirror, load_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.sources import FetchParams, read_sources, resolve_all, write_sources
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
+    parser = stage_cli.parser(__doc__)
+    stage_cli.add_params(parser)
     parser.add_argument("--out", default="data/sources.json", help="the JSON file to write")
     args = parser.parse_args(argv)
     cfg = load_section(FetchParams, "fetch", args.params)

@@ -13,7 +13,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import time
@@ -28,9 +27,9 @@ from model.evaluation import shots
 from model.evaluation.config import EvalConfig
 from model.evaluation.splits import evaluate_split, merge_shares, method_shares
 from model.training.config import ComparisonConfig, load_comparison
-from pipeline import detection, plots, report, support_noise
+from pipeline import detection, plots, report, stage_cli, support_noise
 from pipeline.cluster import add_cluster_argument
-from pipeline.config import load_section, select_device, set_threads
+from pipeline.config import load_section
 from pipeline.errors import PipelineError, run_cli
 from pipeline.fewrel import load_relation_descriptions
 from pipeline.io import atomic_paths, remove_stale_temporaries
@@ -93,7 +92,7 @@ def score_jobs(jobs: list[Job], models: Path, cfg: EvalConfig, device: str,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--splits", type=Path, required=True)
     parser.add_argument("--models", type=Path, required=True)
     parser.add_argument("--metrics", type=Path, required=True,
@@ -116,13 +115,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="relation names and descriptions (FewRel's pid2name.json format): "
                              "descriptions of test relations outside a model's graph, read by "
                              "priors with model.prior.descriptions")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    stage_cli.add_params(parser)
     add_cluster_argument(parser, "scoring jobs")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    stage_cli.start_logging()
     cfg = load_section(EvalConfig, "evaluate", args.params)
-    set_threads(cfg.threads)
-    device = select_device(cfg.device, "params.yaml evaluate.device")
+    device = stage_cli.threads_and_device(cfg.threads, cfg.device, "params.yaml evaluate.device")
     if not args.splits.is_dir():
         raise PipelineError(f"{args.splits} is not a folder; run the split stage first")
     names = cfg.splits or tuple(sorted(p.name for p in args.splits.glob("split_*")

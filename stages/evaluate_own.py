@@ -18,7 +18,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,8 @@ from model.episodes import Setting
 from model.evaluation.config import EvalConfig
 from model.evaluation.own_config import EvaluateOwnParams
 from model.evaluation.transfer import checkpoints, cut_relations, score_table
-from pipeline import report
-from pipeline.config import load_section, select_device, set_threads
+from pipeline import report, stage_cli
+from pipeline.config import load_section
 from pipeline.errors import run_cli
 from pipeline.fewrel import load_json, load_relation_texts
 from pipeline.io import atomic_paths, check_writable, read_fewshot
@@ -65,16 +64,16 @@ def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--own", type=Path, default=Path("data/own_prepared"),
                         help="prepare_own's output folder")
     parser.add_argument("--models", type=Path, default=Path("models/fewrel"),
                         help="FewRel's models folder (split_*/<method>/)")
     parser.add_argument("--metrics", type=Path, default=Path("metrics/own.json"))
     parser.add_argument("--table", type=Path, default=Path("metrics/own.md"))
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    stage_cli.add_params(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    stage_cli.start_logging()
     cfg = load_section(EvaluateOwnParams, "evaluate_own", args.params)
     base = load_section(EvalConfig, "evaluate", args.params)
     for out in (args.metrics, args.table):
@@ -104,8 +103,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         lines += [f"Skipped {s}: {why}." for s, why in skipped.items()]
         if kept:
             texts = load_relation_texts(args.own / "relations.json")
-            set_threads(base.threads)
-            device = select_device(base.device, f"{args.params} evaluate.device")
+            device = stage_cli.threads_and_device(base.threads, base.device,
+                                                  f"{args.params} evaluate.device")
             found = checkpoints(args.models, list(base.methods))
             methods = [m for m in base.methods if all(m in p for p in found.values())]
             with torch.no_grad():

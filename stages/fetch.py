@@ -9,9 +9,9 @@ folder replaces ``--out`` only when every file matched (:mod:`pipeline.fetching`
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from pipeline import stage_cli
 from pipeline.config import data_mirror, load_section
 from pipeline.errors import run_cli
 from pipeline.fetching import fetch_all
@@ -19,8 +19,8 @@ from pipeline.sources import FetchParams, check_matches, read_sources
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
+    parser = stage_cli.parser(__doc__)
+    stage_cli.add_params(parser)
     parser.add_argument("--sources", default="data/sources.json",
                         help="each file's resolved version, as check_sources writes it")
     parser.add_argument("--out", default="data/raw", help="folder the files are written to")

@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline import stage_cli
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import write_json, write_parquet
 from pipeline.schemas import RELATIONS_SCHEMA
@@ -105,9 +106,7 @@ def _summary_lines(report: dict[str, Any]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m stages.parse_wikidata", description=__doc__.split("\n\n")[0]
-    )
+    parser = stage_cli.parser(__doc__, paragraph=True, prog="python -m stages.parse_wikidata")
     add = parser.add_argument
     add("inputs", nargs="*", type=Path, metavar="INPUT",
         help="Wikidata JSON dumps (.json, .bz2, .gz) and triple files (.tsv, .txt, .csv)")

@@ -7,35 +7,16 @@ counted by reason in ``report.json``. The output folder appears whole or not at 
 
 from __future__ import annotations
 
-import argparse
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import field, load_section, register_section
-from pipeline.errors import PipelineError, run_cli
+from pipeline import stage_cli
+from pipeline.config import load_section
+from pipeline.data_sections import PrepareFewshotParams, check_datasets
+from pipeline.errors import run_cli
 from pipeline.fewrel import convert, load_json, load_relation_names
 from pipeline.io import atomic_dir, write_json, write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
-
-#: A dataset name is a file stem in the raw folder: no separators, no leading dot.
-DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-def check_datasets(datasets: list[str]) -> None:
-    """Reject names that are not plain file stems, and names listed twice."""
-    for name in datasets:
-        if not DATASET_NAME.fullmatch(name):
-            raise PipelineError(
-                f"prepare_fewshot.datasets: {name!r} is not a file name stem "
-                "(letters, digits, _ . -); list the names of RAW/{name}.json files"
-            )
-    twice = sorted({name for name in datasets if datasets.count(name) > 1})
-    if twice:
-        raise PipelineError(f"prepare_fewshot.datasets lists {twice} more than once")
-    if not datasets:
-        raise PipelineError("prepare_fewshot.datasets is empty; list at least one dataset")
 
 
 def prepare(raw: Path, out: Path, datasets: list[str], pid2name: Path | None) -> dict[str, Any]:
@@ -62,21 +43,12 @@ def prepare(raw: Path, out: Path, datasets: list[str], pid2name: Path | None) ->
     return reports
 
 
-@register_section("prepare_fewshot")
-@dataclass(frozen=True)
-class PrepareFewshotParams:
-    """``params.yaml`` section ``prepare_fewshot``: FewRel-format files to convert."""
-
-    datasets: tuple[str, ...] = field(doc="names of data/raw/fewrel/{name}.json files "
-                                          "(FewRel format), one Parquet table each")
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--raw", default="data/raw/fewrel", help="folder with FewRel JSON files")
     parser.add_argument("--out", default="data/fewshot")
     parser.add_argument("--pid2name", default=None, help="defaults to RAW/pid2name.json")
-    parser.add_argument("--params", default="params.yaml")
+    stage_cli.add_params(parser)
     args = parser.parse_args(argv)
     cfg = load_section(PrepareFewshotParams, "prepare_fewshot", args.params)
     raw = Path(args.raw)

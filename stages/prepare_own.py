@@ -21,11 +21,11 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 from model.own_data import PrepareOwnParams, Reserved, prepare
+from pipeline import stage_cli
 from pipeline.config import load_section
 from pipeline.errors import run_cli
 from pipeline.io import atomic_dir, read_fewshot, write_json, write_parquet
@@ -33,7 +33,7 @@ from pipeline.schemas import FEWSHOT_SCHEMA
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--own", type=Path, default=Path("data/own"),
                         help="the folder of own labelled relations")
     parser.add_argument("--test", type=Path, nargs="*", default=[],
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--train", type=Path, nargs="*", default=[],
                         help="benchmark training files: their relations' keys are refused")
     parser.add_argument("--out", type=Path, default=Path("data/own_prepared"))
-    parser.add_argument("--params", default="params.yaml")
+    stage_cli.add_params(parser)
     args = parser.parse_args(argv)
     cfg = load_section(PrepareOwnParams, "prepare_own", args.params)
     reserved = [Reserved.from_table(path.stem, role, read_fewshot(path))

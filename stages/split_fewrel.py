@@ -16,8 +16,6 @@ the layout of the NYT-25 splits, so ``train`` and ``evaluate`` run on it unchang
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,33 +23,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import field, load_section, register_section
+from pipeline import stage_cli
+from pipeline.config import load_section
+from pipeline.data_sections import SplitFewrelParams
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_dir, read_fewshot, write_parquet, write_yaml
 from pipeline.schemas import FEWSHOT_SCHEMA
-
-#: FewRel 1.0's ``val_wiki.json``, the test part: 16 relations of 700 sentences each (the
-#: file is pinned by its sha256 in ``fetch.files``).
-VAL_WIKI_RELATIONS, VAL_WIKI_SENTENCES = 16, 700
-
-
-@register_section("split_fewrel")
-@dataclass(frozen=True)
-class SplitFewrelParams:
-    """``params.yaml`` section ``split_fewrel``: train on train_wiki (minus held-out
-    relations for validation), test on val_wiki."""
-
-    seed: int = field(doc="seed of the held-out draw")
-    heldout_relations: int = field(ge=1, doc="train_wiki relations kept for validation "
-                                             "(never trained on)")
-    max_per_relation: int = field(ge=0, doc="sentences kept per relation in every part, the "
-                                            "first ones in file order (0 = all)")
-
-    def test_size(self) -> tuple[int, int]:
-        """(relations, sentences per relation) of the test part, known without the data:
-        what the params checks bound ``evaluate``'s ways and K + Q by."""
-        return VAL_WIKI_RELATIONS, min(self.max_per_relation or VAL_WIKI_SENTENCES,
-                                       VAL_WIKI_SENTENCES)
 
 
 def cap(table: pa.Table, limit: int) -> pa.Table:
@@ -95,14 +72,14 @@ def make_split(train: pa.Table, test: pa.Table, cfg: SplitFewrelParams,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--train", type=Path, default=Path("data/fewshot/train_wiki.parquet"))
     parser.add_argument("--test", type=Path, default=Path("data/fewshot/val_wiki.parquet"))
     parser.add_argument("--out", type=Path, default=Path("data/benchmarks/fewrel"))
     parser.add_argument("--own", type=Path, default=None,
                         help="own relations that join the train part (prepare_own's "
                              "train.parquet)")
-    parser.add_argument("--params", default="params.yaml")
+    stage_cli.add_params(parser)
     args = parser.parse_args(argv)
     cfg = load_section(SplitFewrelParams, "split_fewrel", args.params)
     own = read_fewshot(args.own) if args.own is not None else None

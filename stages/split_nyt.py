@@ -8,8 +8,6 @@ relations of every split.
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import field, load_section, register_section
+from pipeline import stage_cli
+from pipeline.config import load_section
+from pipeline.data_sections import SplitParams, check_seeds
 from pipeline.errors import PipelineError, run_cli
 from pipeline.io import atomic_dir, read_fewshot, write_parquet, write_yaml
 from pipeline.schemas import FEWSHOT_SCHEMA
@@ -40,16 +40,6 @@ def split_relations(relations: list[str], seed: int, sizes: dict[str, int]) -> d
         parts[part] = sorted(str(r) for r in order[start:start + sizes[part]])
         start += sizes[part]
     return parts
-
-
-def check_seeds(seeds: list[int]) -> None:
-    """Refuse no seeds and repeated seeds (checked before any work, by the flow too)."""
-    if not seeds:
-        raise PipelineError("split_nyt.seeds is empty; give at least one seed")
-    if len(set(seeds)) != len(seeds):
-        raise PipelineError(
-            f"split_nyt.seeds has duplicates {seeds}; repeated seeds give identical splits"
-        )
 
 
 def make_splits(table: pa.Table, out: Path, seeds: list[int], sizes: dict[str, int],
@@ -79,36 +69,11 @@ def make_splits(table: pa.Table, out: Path, seeds: list[int], sizes: dict[str, i
     return summary
 
 
-#: Sentences of every relation in FewRel 2.0's ``val_nyt.json`` (25 relations x 100; the
-#: file is pinned by its sha256 in ``fetch.files``): what a test relation of a split holds.
-NYT_SENTENCES = 100
-
-
-@register_section("split_nyt")
-@dataclass(frozen=True)
-class SplitParams:
-    """``params.yaml`` section ``split_nyt``: the random NYT-25 splits."""
-
-    seeds: tuple[int, ...] = field(doc="one random split of the relations per seed (the "
-                                       "paper used one; we average over five)")
-    train_relations: int = field(ge=1, doc="relations in each split's training part")
-    val_relations: int = field(ge=1, doc="relations in each split's validation part")
-    test_relations: int = field(ge=1, doc="relations in each split's test part")
-    min_instances: int = field(ge=1, doc="relations with fewer sentences are left out (and "
-                                         "listed in splits.yaml): an episode needs K + Q "
-                                         "sentences of each relation")
-
-    def test_size(self) -> tuple[int, int]:
-        """(relations, sentences per relation) of every split's test part, known without
-        the data: what the params checks bound ``evaluate``'s ways and K + Q by."""
-        return self.test_relations, NYT_SENTENCES
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--data", default="data/fewshot/val_nyt.parquet")
     parser.add_argument("--out", default="data/splits")
-    parser.add_argument("--params", default="params.yaml")
+    stage_cli.add_params(parser)
     args = parser.parse_args(argv)
     cfg = load_section(SplitParams, "split_nyt", args.params)
     sizes = {part: getattr(cfg, f"{part}_relations") for part in PARTS}

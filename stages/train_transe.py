@@ -38,7 +38,8 @@ from pathlib import Path  # noqa: E402
 
 from model.transe.config import TrainTransEParams  # noqa: E402
 from model.transe.training import train  # noqa: E402
-from pipeline.config import load_section, select_device, set_threads  # noqa: E402
+from pipeline import stage_cli  # noqa: E402
+from pipeline.config import load_section  # noqa: E402
 from pipeline.errors import run_cli  # noqa: E402
 from pipeline.io import read_parquet, write_json, write_parquet  # noqa: E402
 from pipeline.schemas import TRIPLES_SCHEMA, embeddings_schema  # noqa: E402
@@ -54,7 +55,7 @@ def timing_path(report: Path) -> Path:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = stage_cli.parser(__doc__)
     parser.add_argument("--triples", required=True, type=Path, help="TRIPLES_SCHEMA Parquet")
     parser.add_argument("--out", required=True, type=Path, help="relation embeddings Parquet")
     parser.add_argument(
@@ -69,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="metrics JSON (default: OUT with suffix .metrics.json)",
     )
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    stage_cli.add_params(parser)
     return parser.parse_args(argv)
 
 
@@ -82,8 +83,8 @@ def main(argv: list[str] | None = None) -> dict:
     """
     args = parse_args(argv)
     params = load_section(TrainTransEParams, "train_transe", args.params)
-    device = select_device(params.device, "params.yaml train_transe.device")
-    set_threads(params.threads)
+    device = stage_cli.threads_and_device(params.threads, params.device,
+                                          "params.yaml train_transe.device")
     table, report = train(read_parquet(args.triples, TRIPLES_SCHEMA), params, device,
                           args.checkpoint_dir)
     dim = params.model.dim

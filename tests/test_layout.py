@@ -120,3 +120,126 @@ def test_no_model_package_holds_more_than_12_modules(package):
     modules = sorted(p.stem for p in (ROOT / "model" / package).glob("*.py")
                      if p.stem != "__init__")
     assert len(modules) <= MAX_MODULES, modules
+
+
+#: Each floor and the floors it may import, itself included (ARCHITECTURE.md's table).
+FLOORS = {
+    "pipeline": {"pipeline"},
+    "model": {"model", "pipeline"},
+    "stages": {"stages", "model", "pipeline"},
+    "cli": {"cli", "model", "pipeline"},
+    "serve": {"serve", "model", "pipeline"},
+    "benchmarks": {"benchmarks", "model", "pipeline", "serve"},
+    "scripts": {"scripts", "pipeline", "model", "stages", "cli", "serve", "benchmarks"},
+    "orchestration": {"orchestration", "pipeline"},
+}
+#: The calls that import a module by a name held in a string.
+BY_NAME_CALLS = {"import_module", "__import__"}
+
+
+def _call_name(node: ast.Call) -> str:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def _table(tree: ast.Module, name: str) -> ast.expr | None:
+    """The value a module-level assignment gives ``name``."""
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) else [])
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return node.value
+    return None
+
+
+def _strings(nodes) -> list[str]:
+    return [n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _registry_modules(tree: ast.Module) -> list[str]:
+    """``model/methods/registry.py``: the keys of ``MODULES``."""
+    return _strings(_table(tree, "MODULES").keys)
+
+
+def _entry_commands(tree: ast.Module) -> list[str]:
+    """``cli/entry.py``: ``cli.<command>`` for every ``_run("<command>")``."""
+    return [f"cli.{name}" for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and _call_name(node) == "_run" for name in _strings(node.args)]
+
+
+def _declared_owners(tree: ast.Module) -> list[str]:
+    """Any module: the owners it hands :func:`pipeline.sections.declare_sections`, which
+    imports them by name (a dict literal, or a module-level dict passed by name)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _call_name(node) == "declare_sections" and node.args:
+            arg = node.args[0]
+            table = _table(tree, arg.id) if isinstance(arg, ast.Name) else arg
+            assert isinstance(table, ast.Dict), "declare_sections is given no dict the test reads"
+            found += _strings(table.values)
+    return found
+
+
+#: The modules whose ``import_module`` calls read names from a table, and how the test reads
+#: that table; ``pipeline/sections.py`` imports what ``declare_sections`` was handed, and that
+#: is charged to the module that hands it (:func:`_declared_owners`).
+BY_NAME_TABLES = {
+    "model/methods/registry.py": _registry_modules,
+    "cli/entry.py": _entry_commands,
+    "pipeline/sections.py": lambda tree: [],
+}
+
+
+def imports_by_name(path: Path) -> set[str]:
+    """The modules ``path`` imports by a name held in a string."""
+    tree = ast.parse(path.read_text())
+    rel = str(path.relative_to(ROOT))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and _call_name(n) in BY_NAME_CALLS]
+    found = {s for call in calls for s in _strings(call.args[:1])}
+    if any(not _strings(call.args[:1]) for call in calls):
+        assert rel in BY_NAME_TABLES, (
+            f"{rel} imports a module by a name the layering test cannot read: add how to read "
+            "its table to BY_NAME_TABLES")
+        found |= set(BY_NAME_TABLES[rel](tree))
+    return found | set(_declared_owners(tree))
+
+
+def test_imports_by_name_are_read():
+    """The three tables of names imported by ``importlib`` are read (and name real modules)."""
+    known = {module_name(p) for p in sources()}
+    registry = imports_by_name(ROOT / "model" / "methods" / "registry.py")
+    assert "model.methods.regrab" in registry and registry <= known
+    entry = imports_by_name(ROOT / "cli" / "entry.py")
+    assert {"cli.predict", "cli.models"} <= entry and entry <= known
+    owners = imports_by_name(ROOT / "stages" / "__init__.py")
+    assert {"model.config", "pipeline.gate"} <= owners and owners <= known
+
+
+@pytest.mark.parametrize("floor", sorted(FLOORS))
+def test_each_floor_imports_only_the_floors_it_stands_on(floor):
+    """Imports anywhere in a module (in functions, for type checking) and imports by name
+    (``importlib`` over a table of strings) follow the floors: orchestration imports
+    ``pipeline/`` only, nothing imports ``orchestration/``, no library floor imports
+    ``stages/``."""
+    bad = {}
+    for path in (ROOT / floor).rglob("*.py"):
+        named = imports(path) | imports_by_name(path)
+        wrong = sorted(i for i in named if i.split(".")[0] in FLOORS
+                       and i.split(".")[0] not in FLOORS[floor])
+        if wrong:
+            bad[str(path.relative_to(ROOT))] = wrong
+    assert bad == {}
+
+
+def test_stages_hold_no_function_another_module_imports():
+    """A stage module is run (``python -m stages.<name>``), never imported: what two modules
+    share lives in ``model/`` or ``pipeline/``. Only the package itself (the catalog of
+    ``params.yaml``'s sections) may be imported, and a test may import a stage to run it."""
+    bad = {}
+    for path in sources():
+        named = imports(path) | imports_by_name(path)
+        wrong = sorted(i for i in named if i.startswith("stages."))
+        if wrong:
+            bad[str(path.relative_to(ROOT))] = wrong
+    assert bad == {}

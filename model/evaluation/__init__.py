@@ -10,6 +10,7 @@ Modules:
     nota: "none of the above" episodes.
     support_noise: episodes with a mislabelled support sentence, and each support
         sentence's suspicion.
-    transfer: scoring checkpoints on another domain (SemEval).
+    transfer: scoring checkpoints on another domain (SemEval), its relations' texts.
+    transfer_report: the transfer stage's metrics and tables.
     own_config: the ``evaluate_own`` params section (a team's held-out own relations).
 """

@@ -26,7 +26,7 @@ import torch
 
 from model.encoder.frozen_cache import LowerCache
 from model.episodes import Setting
-from model.evaluation.config import EvalConfig
+from model.evaluation.config import EvalConfig, TransferSet
 from model.evaluation.shots import UnequalSetting
 from model.evaluation.shots import summarise as summarise_shots
 from model.evaluation.split_episodes import SplitEpisodes
@@ -36,6 +36,7 @@ from model.methods import registry
 from pipeline import report
 from pipeline.detection import summarise_uncertainty
 from pipeline.errors import PipelineError
+from pipeline.fewrel import load_relation_texts
 from pipeline.workers import JobFiles, run_jobs, usable_workers
 
 log = logging.getLogger(__name__)
@@ -270,3 +271,45 @@ def _score_share(share: _Share, table: pa.Table, models: Path, device: str,
         cells, nota = evaluate_episodes(eps, models, share.cfg, device,
                                         cache if cache is not None else LowerCache())
     return cells, nota, eps.priors
+
+
+def relation_texts(name: str, spec: TransferSet, table: pa.Table, seed: int
+                   ) -> tuple[pa.Table, dict[str, str | None]]:
+    """The set's table with the names of ``spec.relations`` (when given) and, with
+    ``spec.shuffle``, every relation's id, name and description moved to another relation;
+    and the descriptions to read, by relation id."""
+    keys = sorted(set(table.column("relation").to_pylist()))
+    texts: dict[str, tuple[str, str | None]] = {}
+    if spec.relations is not None:
+        path = Path(spec.relations)
+        if not path.is_file():
+            raise PipelineError(f"transfer set {name}: relations file {path} not found; add it "
+                                "to fetch.files and run dvc repro fetch, or set relations: null")
+        texts = load_relation_texts(path)
+        missing = [k for k in keys if k not in texts]
+        if missing:
+            raise PipelineError(f"transfer set {name}: {path} names no text for {len(missing)} "
+                                f"relation(s), e.g. {missing[0][:80]!r}; add them to the file")
+    first: dict[str, str] = {}
+    for r, n in zip(table.column("relation").to_pylist(),
+                    table.column("relation_name").to_pylist(), strict=True):
+        first.setdefault(r, n)
+    names = {k: texts[k][0] if k in texts else first[k] for k in keys}
+    said = {k: texts[k][1] if k in texts else None for k in keys}
+    ids = {k: k for k in keys}
+    if spec.shuffle:
+        if len(keys) < 2:
+            raise PipelineError(f"transfer set {name}: shuffle needs 2 or more relations")
+        rng = np.random.default_rng([seed, 7])
+        while True:  # a derangement: no relation keeps its own text
+            order = rng.permutation(len(keys))
+            if all(int(order[i]) != i for i in range(len(keys))):
+                break
+        ids = {k: keys[int(order[i])] for i, k in enumerate(keys)}
+    rel = [ids[r] for r in table.column("relation").to_pylist()]
+    table = table.set_column(table.schema.get_field_index("relation"),
+                             table.schema.field("relation"), pa.array(rel, pa.string()))
+    table = table.set_column(table.schema.get_field_index("relation_name"),
+                             table.schema.field("relation_name"),
+                             pa.array([names[r] for r in rel], pa.string()))
+    return table, said

@@ -9,6 +9,7 @@ Modules:
     config: the ``active_labelling`` params section and the strategies' names, a schema that
         imports no torch.
     active: which pool sentence to label next (the strategies bald, entropy, margin, random).
+    labelling: the active_labelling stage's episodes, cache and jobs, one per set and split.
     simulation: a simulated user labelling a pool with each strategy, on cached encodings.
     summary: what a support set gave each candidate relation (prior kind, text read).
     support_check: each support sentence's suspicion, and those flagged as mislabelled.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.config import field
+from pipeline.config import field, register_section
 
 
 @dataclass(frozen=True)
@@ -74,3 +74,14 @@ class GraphPriorConfig:
             "(its prior reads its name): graph_mean, the graph term's mean over the graph, "
             "where graph relations' priors sit; fallback: the learned fallback vector, which "
             "only training relations absent from the graph train")
+
+
+@register_section("build_graph")
+@dataclass(frozen=True)
+class BuildGraphParams:
+    """``params.yaml`` section ``build_graph``: the relation graph's nodes and edges."""
+
+    features: Literal["transe", "official"] = field(
+        doc="node features of the relation graph: transe (our TransE on the Wikidata "
+            "triples) or official (the paper's released embeddings)")
+    k: int = field(ge=1, doc="nearest neighbours per relation (the graph's edges)")

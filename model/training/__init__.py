@@ -2,6 +2,7 @@
 
 Modules:
     config: the ``train`` and ``comparison`` params sections and a run's fingerprint.
+    jobs: the train stage's models planned, reused when finished, trained and measured.
     loop: preparing a run and the training loop.
     precision: how a step runs on the hardware: bf16 autocast, fused AdamW, length buckets.
     state: the run record, resuming, and reusing a finished model.

@@ -7,11 +7,11 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from pipeline.embeddings_pickle import embeddings_table
 from pipeline.errors import PipelineError
 from pipeline.io import read_parquet, write_parquet
 from pipeline.schemas import GRAPH_SCHEMA, embeddings_schema
 from stages import build_graph
-from stages.import_embeddings import embeddings_table
 from tests.conftest import merged, project_params
 
 

@@ -9,6 +9,7 @@ import pickletools
 import numpy as np
 import pytest
 
+from pipeline import embeddings_pickle
 from pipeline.config import data_mirror
 from pipeline.errors import PipelineError
 from pipeline.io import read_parquet
@@ -63,7 +64,7 @@ def test_accepts_official_layout(tmp_path, protocol):
 def test_protocol3_uses_only_allowed_globals():
     # The released file is protocol 3; its globals must be within the allow-list.
     data, _ = official_like(protocol=3)
-    allowed = {f"{m} {n}" for m, n in import_embeddings.ALLOWED_GLOBALS}
+    allowed = {f"{m} {n}" for m, n in embeddings_pickle.ALLOWED_GLOBALS}
     assert globals_named(data) <= allowed
 
 

@@ -298,7 +298,7 @@ def test_wise_ft_saves_the_mix_of_trained_and_pretrained_encoder(inputs, tmp_pat
 
 
 def test_progress_counts_models_and_estimates_what_is_left(inputs, tmp_path, caplog):
-    caplog.set_level("INFO", logger="stages.train")
+    caplog.set_level("INFO")
     _run(inputs, tmp_path / "p", methods=["proto", "mtb"], steps=2, val_every=2)
     lines = [r.getMessage() for r in caplog.records if " done in " in r.getMessage()]
     # Two workers: either model may finish first.

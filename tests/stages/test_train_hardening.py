@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from model.training import jobs
 from stages import train
 from tests.conftest import ROOT, project_params
 from tests.model.tiny_regrab import labels_of, tiny_encoder, toy_graph, toy_splits
@@ -159,6 +160,6 @@ def test_a_crash_while_trimming_a_curve_leaves_it_whole(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Path, "write_text", crash)
     with pytest.raises(KeyboardInterrupt):
-        train.dvclive_logger(tmp_path, step=2)  # drops step 2's row, then resumes
+        jobs.dvclive_logger(tmp_path, step=2)  # drops step 2's row, then resumes
     assert tsv.read_text() == rows and sorted(p.name for p in tsv.parent.iterdir()) == [
         "loss.tsv"]

@@ -4,6 +4,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from model.evaluation.config import TransferSet
 from model.evaluation.transfer import cut_relations
 from model.prior.labels import PRIOR_KINDS
 from pipeline.errors import PipelineError
@@ -142,7 +143,7 @@ def _keyed_table():
 
 
 def test_a_relations_file_gives_names_and_descriptions(tmp_path):
-    spec = transfer.TransferSet(data="x", title="x", relations=_texts(tmp_path, {
+    spec = TransferSet(data="x", title="x", relations=_texts(tmp_path, {
         "P6": ["cause of", "the head leads to the tail"], "P7": ["agent using"],
         "P8": ["part of", ""]}))
     table, said = transfer.relation_texts("x", spec, _keyed_table(), seed=0)
@@ -154,12 +155,12 @@ def test_a_relations_file_gives_names_and_descriptions(tmp_path):
 
 def test_without_a_file_the_table_is_unchanged(tmp_path):
     table = _keyed_table()
-    out, said = transfer.relation_texts("x", transfer.TransferSet(data="x", title="x"), table, 0)
+    out, said = transfer.relation_texts("x", TransferSet(data="x", title="x"), table, 0)
     assert out.equals(table) and said == dict.fromkeys(RELATIONS)
 
 
 def test_shuffle_moves_id_name_and_description_together_to_another_relation(tmp_path):
-    spec = transfer.TransferSet(data="x", title="x", shuffle=True, relations=_texts(tmp_path, {
+    spec = TransferSet(data="x", title="x", shuffle=True, relations=_texts(tmp_path, {
         r: [f"name {r}", f"description {r}"] for r in RELATIONS}))
     table = _keyed_table()
     out, said = transfer.relation_texts("x", spec, table, seed=0)
@@ -181,7 +182,7 @@ def test_shuffle_moves_id_name_and_description_together_to_another_relation(tmp_
     ([["a"]], "expected a JSON object"),
 ])
 def test_a_bad_relations_file_is_one_error(tmp_path, entries, message):
-    spec = transfer.TransferSet(data="x", title="x", relations=_texts(tmp_path, entries))
+    spec = TransferSet(data="x", title="x", relations=_texts(tmp_path, entries))
     with pytest.raises(PipelineError, match=message):
         transfer.relation_texts("x", spec, _keyed_table(), seed=0)
 
