@@ -88,6 +88,16 @@ def model_config(method: str = "regrab", **overrides):
 SERVER_FIXTURES = ("prefect_server", "stack_env")
 
 
+def pytest_configure(config):
+    """Under ``make test`` (pytest-xdist, one process per core) each process runs torch on one
+    thread: two threads per process on as many processes as cores contended for the cores, and
+    their spin-waits cost a third more CPU time."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark every test that starts a Prefect server ``integration`` (``make test-slow``)."""
     for item in items:
