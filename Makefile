@@ -35,8 +35,10 @@ repro: $(STAMP)
 push: $(STAMP)
 	$(DVC_PUSH)
 
+# The fast tests run in one process per CPU core (pytest-xdist), each test file whole in one
+# of them, so a file's module fixtures are built once. The slow ones share servers: one process.
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow and not integration"
+	$(BIN)/python -m pytest -n auto --dist loadfile -m "not slow and not integration"
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m "slow or integration"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from pathlib import Path
 
@@ -46,6 +48,15 @@ def fewrel_record(tokens: list[str], head: list[int], tail: list[int],
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@functools.cache
+def _params_yaml() -> dict:
+    """params.yaml, read once per session: parsing it takes about 0.1 s, and the schema tests
+    ask for it a thousand times (callers get deep copies)."""
+    import yaml
+
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
 def project_params(**sections: dict) -> dict:
     """The project's params.yaml with some sections' keys overridden (values are merged).
 
@@ -53,9 +64,7 @@ def project_params(**sections: dict) -> dict:
     would train and be scored beside every toy model of every test; so are the unequal-shot
     settings of ``evaluate`` (toy splits have too few relations for their ways).
     """
-    import yaml
-
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = copy.deepcopy(_params_yaml())
     params["comparison"]["methods"] = []
     params["evaluate"]["unequal_settings"] = []
     return merged(params, sections)
@@ -77,6 +86,16 @@ def model_config(method: str = "regrab", **overrides):
 
 #: Fixtures that start a real server: the tests using them are marked ``integration``.
 SERVER_FIXTURES = ("prefect_server", "stack_env")
+
+
+def pytest_configure(config):
+    """Under ``make test`` (pytest-xdist, one process per core) each process runs torch on one
+    thread: two threads per process on as many processes as cores contended for the cores, and
+    their spin-waits cost a third more CPU time."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

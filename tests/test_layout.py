@@ -243,3 +243,19 @@ def test_stages_hold_no_function_another_module_imports():
         if wrong:
             bad[str(path.relative_to(ROOT))] = wrong
     assert bad == {}
+
+
+def test_tests_mirror_the_code():
+    """``tests/`` mirrors the code: each folder of tests is a code folder's twin
+    (``tests/model/posterior/`` for ``model/posterior/``), and ``test_NAME.py`` lives in the
+    twin of the folder holding ``NAME.py`` (or ``NAME.sh``) wherever such a module exists."""
+    tests = ROOT / "tests"
+    folders = {p.parent.relative_to(tests) for p in tests.rglob("*.py")}
+    assert sorted(str(f) for f in folders if not (ROOT / f).is_dir()) == []
+    homes: dict[str, set[Path]] = {}
+    for p in [*sources(), *(ROOT / "scripts").rglob("*.sh")]:
+        homes.setdefault(p.stem, set()).add(p.parent.relative_to(ROOT))
+    astray = {str(p.relative_to(ROOT)): sorted(f"tests/{h}/" for h in homes[p.stem[5:]])
+              for p in tests.rglob("test_*.py")
+              if p.stem[5:] in homes and p.parent.relative_to(tests) not in homes[p.stem[5:]]}
+    assert astray == {}

@@ -7,7 +7,7 @@ from cli.fewrel_submission import fewrel_submission, main, read_pid2name
 from model.methods.regrab import RegrabHead
 from model.predict.predictor import Predictor
 from tests.cli.inputs import fewrel_record
-from tests.model.test_predictor import tiny_checkpoint
+from tests.model.predict.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
 
 RELATIONS = ["P5", "P6", "P7", "P8"]

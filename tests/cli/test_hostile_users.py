@@ -22,7 +22,7 @@ from pipeline.errors import PipelineError
 from tests.cli.inputs import RELATIONS, fewrel_record, write_predict_inputs
 from tests.cli.inputs import one_error as _one_error
 from tests.conftest import project_params
-from tests.model.test_predictor import tiny_checkpoint
+from tests.model.predict.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
 
 ROOT = Path(__file__).resolve().parents[2]

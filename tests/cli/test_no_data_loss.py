@@ -22,7 +22,7 @@ from pipeline.errors import INTERRUPTED, PipelineError
 from pipeline.io import atomic_path, atomic_paths
 from tests.cli.inputs import one_error as _one_error
 from tests.cli.inputs import write_predict_inputs
-from tests.model.test_predictor import tiny_checkpoint
+from tests.model.predict.test_predictor import tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 

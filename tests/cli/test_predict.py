@@ -9,7 +9,7 @@ from cli.predict import main, predict_files, read_queries, read_support
 from model.predict.sentences import parse_sentence
 from pipeline.io import write_parquet
 from pipeline.schemas import FEWSHOT_SCHEMA
-from tests.model.test_predictor import tiny_checkpoint
+from tests.model.predict.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "predict"
@@ -270,7 +270,7 @@ def test_abstain_rate_by_the_checkpoint_s_validation_scores(files, tmp_path, cap
     so exactly the queries whose top probability is below 0.5 abstain; the summary says by
     which score, cutoff and setting, and every score gets its column."""
     from model.files.checkpoint import read_checkpoint
-    from tests.model.test_val_scores import synthetic, with_scores
+    from tests.model.training.test_val_scores import synthetic, with_scores
 
     proto = tiny_checkpoint(files["root"], "proto")
     stored = [synthetic(ways=3, shots=1), synthetic(ways=5, shots=5, spread=0.5)]

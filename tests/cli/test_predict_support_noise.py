@@ -11,7 +11,7 @@ from cli.predict import main, predict_files
 from model.files.checkpoint import read_checkpoint, save_checkpoint
 from model.files.suspicion_cutoff import SuspicionCutoff
 from model.predict.sentences import parse_sentence
-from tests.model.test_predictor import tiny_checkpoint
+from tests.model.predict.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
 
 RELATIONS = ["P6", "P7", "P8"]

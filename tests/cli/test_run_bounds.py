@@ -13,7 +13,7 @@ import pytest
 import pipeline.budget
 from cli import fewrel_submission, limits, predict, suggest
 from tests.cli.inputs import fewrel_record, one_error, write_predict_inputs
-from tests.model.test_predictor import tiny_checkpoint
+from tests.model.predict.test_predictor import tiny_checkpoint
 
 POSTERIOR = "this checkpoint's posterior (1,000,000,000,000 Langevin steps per chain) would take"
 

@@ -15,7 +15,7 @@ from model.evaluation.uncertainty import uncertainty_scores
 from model.predict.predictor import Predictor
 from model.predict.typiclust import typiclust_pick
 from tests.cli.inputs import one_error, write_predict_inputs
-from tests.model.test_predictor import tiny_checkpoint
+from tests.model.predict.test_predictor import tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,8 @@ HEAVY = {"prefect", "torch", "torch_geometric", "transformers", "dvc", "dask"}
 
 
 @pytest.mark.parametrize(("override", "message"), [
+    ("train.steps=abc", "-S train.steps=\"abc\": params.yaml train.steps = 'abc': expected an "
+                        "integer; change the override"),
     ("split_nyt.seeds=[]", "-S split_nyt.seeds=[]: split_nyt.seeds is empty; give at least one "
                            "seed; change the override"),
     ("model.prior.kind=bogus", "-S model.prior.kind=\"bogus\": params.yaml model.prior.kind = "

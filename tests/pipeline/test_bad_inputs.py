@@ -83,6 +83,7 @@ def triples_file(path: Path, rows: int) -> Path:
     return path
 
 
+@pytest.mark.slow  # the parse in a child process with two workers, stopped mid-way
 def test_ctrl_c_on_the_parse_is_one_line_and_resumes(tmp_path):
     tsv = triples_file(tmp_path / "t.tsv", 1_500_000)
     out = tmp_path / "out" / "triples.parquet"

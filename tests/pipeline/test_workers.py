@@ -43,11 +43,20 @@ def test_results_come_back_in_plan_order(workers, tmp_path, caplog):
 
     def fn(job: int) -> tuple[int, int]:
         if job == 0 and workers == 2:
-            _wait_for(tmp_path / "3")
-        (tmp_path / str(job)).touch()
+            _wait_for(tmp_path / "3")  # until this process has logged job 3 as done
         return job * shared["scale"], os.getpid()
 
-    results = _run(fn, [0, 1, 2, 3], workers)
+    class Logged(logging.Handler):  # job 3's file only once its line is out, not before
+        def emit(self, record: logging.LogRecord) -> None:
+            if " done in " in (message := record.getMessage()):
+                (tmp_path / message.split()[1]).touch()
+
+    handler = Logged()
+    log.addHandler(handler)
+    try:
+        results = _run(fn, [0, 1, 2, 3], workers)
+    finally:
+        log.removeHandler(handler)
     assert [value for value, _ in results] == [0, 10, 20, 30]
     pids = {pid for _, pid in results}
     if workers == 1:

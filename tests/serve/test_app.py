@@ -17,7 +17,7 @@ from serve.app import create_app
 from serve.bodies import Limits
 from serve.service import Service, Settings
 from serve.versions import ModelSpec
-from tests.model.test_predictor import tiny_checkpoint
+from tests.model.predict.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
 
 RELATIONS = ["P6", "P7", "P8"]

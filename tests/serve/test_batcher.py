@@ -47,16 +47,23 @@ def test_a_batch_holds_at_most_max_batch_items_and_a_large_request_runs_alone():
     assert answers[2] == [f"a:{x}" for x in (5, 6, 7, 8, 9)]
 
 
-def test_a_lone_request_waits_at_most_max_wait():
+def test_a_lone_request_waits_at_most_max_wait(monkeypatch):
+    """Each wait for company is bounded by what is left of ``max_wait_s`` (checked on the
+    waits' timeouts, not on a clock)."""
+    waits, wait_for = [], asyncio.wait_for
+
+    def bounded(awaitable, timeout):
+        waits.append(timeout)
+        return wait_for(awaitable, timeout)
+
+    monkeypatch.setattr(asyncio, "wait_for", bounded)
+
     async def main():
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(lambda c, items: items, pool, 0.02, 100)
-            loop = asyncio.get_running_loop()
-            start = loop.time()
-            await batcher.submit("a", None, [1])
-            return loop.time() - start
+            return await Batcher(lambda c, items: items, pool, 0.02, 100).submit("a", None, [1])
 
-    assert asyncio.run(main()) < 0.5
+    assert asyncio.run(main()) == [1]
+    assert waits and all(0 < w <= 0.02 for w in waits), waits
 
 
 def test_without_a_wait_the_requests_that_came_during_a_pass_share_the_next():

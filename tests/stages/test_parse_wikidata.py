@@ -639,7 +639,8 @@ def test_damaged_stream_keeps_what_came_before_and_fails_unless_allowed(tmp_path
 def test_columnar_triple_parse_agrees_with_the_line_loop():
     clean = b"Q1\tP31\tQ5\nQ22 \t P17\tQ30\r\nQ4294967295\tP1\tQ3\nQ7\tP8\tQ9"
     fast = parse.parse_triples_batch(1, clean, "\t")
-    assert parse._triples_columnar(clean, "\t") is not None
+    assert [list(c) for c in parse._triples_columnar(clean, "\t")] == [
+        [1, 22, 4294967295, 7], [31, 17, 1, 8], [5, 30, 3, 9]]
     # A blank line sends the batch through the line loop.
     assert parse._triples_columnar(clean + b"\n\n", "\t") is None
     slow = parse.parse_triples_batch(1, clean + b"\n\n", "\t")

@@ -20,7 +20,7 @@ from model.predict.abstain import cutoff_for, nearest
 from model.predict.predictor import Predictor
 from model.training import val_scores
 from pipeline.errors import PipelineError
-from tests.model.test_predictor import RELATIONS, _queries, _support, tiny_checkpoint
+from tests.model.predict.test_predictor import RELATIONS, _queries, _support, tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
 
 

@@ -8,7 +8,7 @@ from model.methods.base import PrototypeHead
 from model.methods.proto_label import METHODS, LabelPrior, ProtoLabelHead
 from model.prior.gcn import GraphPriorConfig
 from pipeline.errors import PipelineError
-from tests.model.test_graph_prior import _labelled_graph
+from tests.model.prior.test_graph_prior import _labelled_graph
 from tests.model.tiny_regrab import random_episode, registered, train_evaluate_reload
 
 

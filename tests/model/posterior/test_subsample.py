@@ -25,7 +25,7 @@ from model.posterior.subsample import balanced_members, member_slots
 from model.predict.support_check import check_support
 from pipeline.errors import PipelineError
 from tests.conftest import model_config
-from tests.model.test_unequal_shots import step_protocol
+from tests.model.posterior.test_unequal_shots import step_protocol
 
 D = 16
 

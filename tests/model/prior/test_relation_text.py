@@ -15,8 +15,8 @@ from model.prior.gcn import GraphPrior
 from model.prior.graph import RelationGraph
 from model.prior.labels import DESCRIPTION_WORDS, description_words, label_sentence
 from pipeline.schemas import GRAPH_SCHEMA, RELATION_TEXT_SCHEMA
-from tests.model.test_graph_prior import _config, _graph, _tiny_encoder
-from tests.model.test_langevin import _cfg
+from tests.model.posterior.test_langevin import _cfg
+from tests.model.prior.test_graph_prior import _config, _graph, _tiny_encoder
 
 
 def test_the_label_sentence_reads_the_description_after_the_entities():

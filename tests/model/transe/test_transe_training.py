@@ -52,7 +52,8 @@ def test_checkpoint_round_trip_and_refusal(tmp_path, caplog):
     assert state["epoch"] == 2 and state["losses"] == [0.5, 0.4]
     torch.testing.assert_close(state["model"]["relations"], model.relations.detach())
     # More epochs continue the same trajectory; anything else starts over, with a notice.
-    assert load_transe(path, dataclasses.replace(TINY_CONFIG, epochs=9), "h") is not None
+    more = load_transe(path, dataclasses.replace(TINY_CONFIG, epochs=9), "h")
+    assert more["epoch"] == 2 and more["losses"] == [0.5, 0.4]
     with caplog.at_level(logging.WARNING, logger="model.transe.training"):
         assert load_transe(path, TINY_CONFIG, "other") is None
         assert load_transe(path, dataclasses.replace(TINY_CONFIG, lr=0.01), "h") is None

@@ -20,7 +20,7 @@ from model.predict.active import (
 from model.predict.predictor import Predictor
 from model.predict.simulation import sample_pool_episodes, simulate, support_logits
 from pipeline.errors import PipelineError
-from tests.model.test_predictor import tiny_checkpoint
+from tests.model.predict.test_predictor import tiny_checkpoint
 from tests.model.tiny_regrab import toy_table
 
 RELATIONS = ["P6", "P7", "P8"]

@@ -11,7 +11,7 @@ import torch
 from model.posterior.langevin import LangevinSampler
 from model.posterior.prior_check import prior_check
 from model.posterior.target import way_precision
-from tests.model.test_langevin import _cfg
+from tests.model.posterior.test_langevin import _cfg
 
 
 def _episode(swap: bool, seed: int = 0, n: int = 4, k: int = 2, d: int = 32):

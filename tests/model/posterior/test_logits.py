@@ -57,5 +57,5 @@ def test_gaussian_sample_logits_have_the_law_of_scored_samples():
                                    "euclidean", 2.0, torch.Generator().manual_seed(0))
     assert torch.allclose(fast, again[:, :, q:], rtol=0, atol=1e-12)
     # Means and one query direction filling all of D: nothing to save, the caller draws.
-    assert gaussian_sample_logits(x, mean, std, 3, "euclidean", 2.0) is not None
+    assert gaussian_sample_logits(x, mean, std, 3, "euclidean", 2.0).shape == (b, 3, q, n)
     assert gaussian_sample_logits(x[..., :3], mean[..., :3], std, 3, "euclidean", 2.0) is None
