@@ -63,7 +63,11 @@ def paired_table(ws: Workspace, bench: str, splits: Path, champion_dir: Path,
     cmd = [sys.executable, str(PAIRED_RUNS), "--splits", str(splits), "--a", str(champion_dir),
            "--b", str(ws.path / registry.MODELS_DIR / bench), "--methods", REFERENCE,
            "--settings", ",".join(cfg.settings), "--episodes", str(cfg.episodes),
-           "--params", "params.yaml", "--out", str(out)]
+           "--params", "params.yaml", "--out", str(out),
+           # The champion trained before this run's data (own relations, a new FewRel file):
+           # paired on the run's test episodes all the same, unless it trained on one of
+           # their relations.
+           "--a-other-training"]
     log("$ " + " ".join(cmd))
     # The workspace's packages first: the code of the commit being scored.
     path = os.pathsep.join(p for p in (str(ws.path), os.environ.get("PYTHONPATH")) if p)

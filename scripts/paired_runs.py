@@ -44,12 +44,14 @@ RELATIONS = Path("data/raw/fewrel/pid2name.json")
 
 
 def episodes_of(models: Path, split_dir: Path, index: int, cfg: EvalConfig,
-                descriptions: dict[str, str | None] | None = None
-                ) -> dict[str, dict[str, np.ndarray]]:
-    """``{method: {setting: per-episode accuracy}}`` of one split's checkpoints."""
+                descriptions: dict[str, str | None] | None = None,
+                other_training: bool = False) -> dict[str, dict[str, np.ndarray]]:
+    """``{method: {setting: per-episode accuracy}}`` of one split's checkpoints
+    (``other_training``: trained on other training data than the split's, see
+    :func:`model.evaluation.splits.evaluate_split`)."""
     with torch.no_grad():
         cells, _ = evaluate_split(split_dir, models, cfg, "cpu", LowerCache(), index,
-                                  descriptions=descriptions)
+                                  descriptions=descriptions, other_training=other_training)
     return {m: {s: np.asarray(c["episodes"], float) for s, c in row.items()}
             for m, row in cells.items()}
 
@@ -70,6 +72,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="test episodes per split and setting, drawn as evaluate draws them "
                              "(default 0: evaluate.episodes)")
     parser.add_argument("--out", type=Path, default=None, help="JSON of the differences")
+    parser.add_argument("--a-other-training", action="store_true",
+                        help="A's models may have trained on other training data than the "
+                             "splits' (the promoted models, before new data); they are still "
+                             "refused if they trained or validated on a test relation")
     args = parser.parse_args(argv)
     base = load_section(EvalConfig, "evaluate", args.params)
     if args.episodes < 0:
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     pairs: dict[str, dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]] = {}
     for name in names:
         index = int(name.rsplit("_", 1)[-1])
-        a = episodes_of(args.a, args.splits / name, index, cfg, said)
+        a = episodes_of(args.a, args.splits / name, index, cfg, said, args.a_other_training)
         b = episodes_of(args.b, args.splits / name, index, cfg, said)
         for m in cfg.methods:
             for s in a.get(m, {}):

@@ -119,16 +119,20 @@ def _no_graph(relations: list[str]) -> torch.Tensor:
 def evaluate_split(split_dir: Path, models_dir: Path, cfg: EvalConfig, device: str,
                    cache: LowerCache, split_index: int, capped: Mapping[str, int] | None = None,
                    descriptions: Mapping[str, str | None] | None = None,
+                   other_training: bool = False,
                    ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cells and NOTA cells of the split folder ``split_dir`` (see :func:`evaluate_episodes`).
 
-    A model is scored only if it was trained on this split (:func:`check_trained_on`).
-    ``descriptions`` (relation id -> description) are read, with their names, for relations
-    outside a model's graph by priors with ``descriptions: true``.
+    A model is scored only if it was trained on this split (:func:`check_trained_on`); with
+    ``other_training``, only if none of its training or validation relations is among the
+    split's test relations (a model trained before the training data changed, such as the
+    promoted one a retrain is compared with). ``descriptions`` (relation id -> description)
+    are read, with their names, for relations outside a model's graph by priors with
+    ``descriptions: true``.
     """
     eps = SplitEpisodes.read(split_dir, cfg, split_index)
     eps.descriptions = dict(descriptions or {})
-    digests = split_digests(split_dir)
+    digests = {} if other_training else split_digests(split_dir)
 
     def check(checkpoint: Checkpoint, path: Path) -> None:
         check_trained_on(checkpoint, split_dir, digests, path, eps.test.relations)
