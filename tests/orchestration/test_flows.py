@@ -314,3 +314,11 @@ def test_fetch_is_retried(prefect_server, tiny_repo: Path, monkeypatch: pytest.M
     (fetch_run,) = task_runs(state.state_details.flow_run_id)["fetch"]
     assert fetch_run.run_count == 2
     assert (tiny_repo / "fetch_attempts.txt").read_text() == "2"
+
+
+def test_network_retry_delay_reads_the_environment():
+    assert flows.network_retry_delay(None) == flows.network_retry_delay("") == 60.0
+    assert flows.network_retry_delay("0.5") == 0.5
+    for bad in ("soon", "-1", "nan", "inf"):
+        with pytest.raises(PipelineError, match="REGRAB_NETWORK_RETRY_DELAY_S='"):
+            flows.network_retry_delay(bad)
