@@ -322,3 +322,16 @@ def test_network_retry_delay_reads_the_environment():
     for bad in ("soon", "-1", "nan", "inf"):
         with pytest.raises(PipelineError, match="REGRAB_NETWORK_RETRY_DELAY_S='"):
             flows.network_retry_delay(bad)
+
+
+def test_a_failed_stage_is_told_by_its_error_line_not_its_progress_bars():
+    from orchestration.dvc_access import failure_detail
+
+    tail = ["\x1b[A | data.bz2:   0%|          | 0.00/26.9k [00:00<?, ?B/s]",
+            "fetch:  44%|####      | 4/9 [00:00<00:00, 61.85file/s]",
+            "error: could not download data.bz2 (got 13 of 26 bytes); check the network",
+            "ERROR: failed to reproduce 'fetch': failed to run: python -m stages.fetch"]
+    assert failure_detail(tail) == tail[2]
+    assert failure_detail(["boom: giving up", tail[1], "ERROR: failed"]) == \
+        "boom: giving up | ERROR: failed"
+    assert failure_detail([tail[0]]) == "no output"
