@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import deque
@@ -233,8 +234,20 @@ def run_dvc(
             proc.kill()
         raise
     if code != 0:
-        detail = " | ".join(tail) or "no output"
-        raise StageError(f"{what} failed (dvc exit {code}): {detail}; see this task's log")
+        raise StageError(f"{what} failed (dvc exit {code}): {failure_detail(tail)}; "
+                         "see this task's log")
+
+
+#: A progress bar's redraw (tqdm: ``fetch:  44%|####  | 4/9``) or a terminal escape.
+PROGRESS_LINE = re.compile(r"\x1b|\d+%\|")
+
+
+def failure_detail(tail: Iterable[str]) -> str:
+    """What a failed ``dvc`` run says: the stage's own ``error:`` line when it printed one
+    (the project's stages end that way), else the last lines, less progress bars."""
+    lines = [line for line in tail if not PROGRESS_LINE.search(line)]
+    errors = [line for line in lines if line.startswith("error:")]
+    return errors[-1] if errors else " | ".join(lines) or "no output"
 
 
 def repro_stage(

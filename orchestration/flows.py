@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -71,8 +72,30 @@ FLOW_NAME = "regrab-retrain"
 #: blip is worth a retry, a bug in a training stage is not).
 NETWORK_STAGES = frozenset({"check_sources", "fetch"})
 NETWORK_RETRIES = 2
-#: Seconds between retries of a network stage.
-NETWORK_RETRY_DELAY_S = 60.0
+#: Seconds between retries of a network stage: 60, or the environment's value (read when the
+#: flow is loaded; a worker passes its environment to the runs it starts).
+NETWORK_RETRY_DELAY_ENV = "REGRAB_NETWORK_RETRY_DELAY_S"
+
+
+def network_retry_delay(value: str | None, default: float = 60.0) -> float:
+    """Seconds between retries of a network stage, from ``$REGRAB_NETWORK_RETRY_DELAY_S``.
+
+    Raises:
+        PipelineError: a value that is not a number of seconds, 0 or more.
+    """
+    if value is None or not value.strip():
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise PipelineError(f"{NETWORK_RETRY_DELAY_ENV}={value!r} is not a number of seconds; "
+                            "set it to 0 or more (default 60), or unset it")
+    return seconds
+
+
+NETWORK_RETRY_DELAY_S = network_retry_delay(os.environ.get(NETWORK_RETRY_DELAY_ENV))
 #: Stages that run on the cluster when one is given; the others never see the address.
 CLUSTER_STAGES = frozenset({"parse_wikidata", "train", "evaluate", "transfer",
                             "active_labelling"})

@@ -5,9 +5,10 @@ is given, this flow works apart from the user's checkout and decides what its re
 
 1. ``prepare-workspace``: a git worktree of HEAD on branch ``retrain/<run>`` under
    ``.prefect-run/workspaces/``, sharing the project's DVC cache (``orchestration.workspace``);
-2. ``check-new``: the stages marked ``always_changed`` (a check of moving sources) run, then
-   ``dvc status``; when no stage is stale and ``dvc.yaml``, ``dvc.lock`` and ``params.yaml``
-   are those of the promoted version's commit, the run ends Completed, "nothing new";
+2. ``check-new``: the stages marked ``always_changed`` (a check of moving sources) run, after
+   the stages they depend on, then ``dvc status``; when no stage is stale and ``dvc.yaml``,
+   ``dvc.lock`` and ``params.yaml`` are those of the promoted version's commit, the run ends
+   Completed, "nothing new";
 3. one task per stage (``dvc repro --single-item``) in the workspace;
 4. ``score-champion``: the promoted models (``regrab#prod``, copied out of DVC by
    ``pipeline.registry``) and the new ones scored on the same episodes by
@@ -238,12 +239,16 @@ def scheduled_retrain(repo_dir: str = ".", cluster: str | None = None,
     stage = "sources"
     try:
         sources = workspace.always_changed(ws)
-        for stage in sources:  # a check of moving sources: before dvc status can say anything
-            durations[stage], did = stage_task(stage, network=True)(str(ws.path), stage, cluster)
+        # The checks of moving sources, before dvc status can say anything, and the stages
+        # they read before them (check_params: a fresh clone's workspace has no output yet).
+        first = [p.name for p in plan_stages(ws.path, sources)] if sources else []
+        for stage in first:
+            durations[stage], did = stage_task(stage, network=stage in sources)(
+                str(ws.path), stage, cluster)
             if did:
                 ran.add(stage)
         stage = "check-new"
-        why = check_new(ws, champion, sources)
+        why = check_new(ws, champion, first)
         if why is None:
             workspace.remove(ws, keep_branch=False)
             message = (f"nothing new: every stage is up to date and {champion.tag} is HEAD's "
@@ -256,7 +261,7 @@ def scheduled_retrain(repo_dir: str = ".", cluster: str | None = None,
         resumable = workspace.resume_stages(ws)
         for planned in planned_stages:
             stage = planned.name
-            if stage in sources:
+            if stage in first:
                 continue
             if stage in resumable and not workspace.stale_stages(ws, [], target=stage):
                 # Only its resume state is missing (a new workspace never has it): dvc repro

@@ -314,3 +314,24 @@ def test_fetch_is_retried(prefect_server, tiny_repo: Path, monkeypatch: pytest.M
     (fetch_run,) = task_runs(state.state_details.flow_run_id)["fetch"]
     assert fetch_run.run_count == 2
     assert (tiny_repo / "fetch_attempts.txt").read_text() == "2"
+
+
+def test_network_retry_delay_reads_the_environment():
+    assert flows.network_retry_delay(None) == flows.network_retry_delay("") == 60.0
+    assert flows.network_retry_delay("0.5") == 0.5
+    for bad in ("soon", "-1", "nan", "inf"):
+        with pytest.raises(PipelineError, match="REGRAB_NETWORK_RETRY_DELAY_S='"):
+            flows.network_retry_delay(bad)
+
+
+def test_a_failed_stage_is_told_by_its_error_line_not_its_progress_bars():
+    from orchestration.dvc_access import failure_detail
+
+    tail = ["\x1b[A | data.bz2:   0%|          | 0.00/26.9k [00:00<?, ?B/s]",
+            "fetch:  44%|####      | 4/9 [00:00<00:00, 61.85file/s]",
+            "error: could not download data.bz2 (got 13 of 26 bytes); check the network",
+            "ERROR: failed to reproduce 'fetch': failed to run: python -m stages.fetch"]
+    assert failure_detail(tail) == tail[2]
+    assert failure_detail(["boom: giving up", tail[1], "ERROR: failed"]) == \
+        "boom: giving up | ERROR: failed"
+    assert failure_detail([tail[0]]) == "no output"

@@ -160,9 +160,13 @@ def test_a_moved_source_is_new_work(prefect_server, repo: Path, tmp_path: Path, 
     source.write_text("release 1\n")
     monkeypatch.setenv("TINY_SOURCE", str(source))
     (repo / "check.py").write_text(CHECK)
+    # As in the project: the check reads check_params' output, which a new workspace lacks.
     dvc_yaml = (repo / "dvc.yaml").read_text().replace(
         "  fetch:\n    cmd: python fetch.py\n    deps: [fetch.py]\n",
+        "  check_params:\n    cmd: python -c \"open('checked.txt', 'w').write('ok')\"\n"
+        "    outs: [checked.txt]\n"
         "  check_sources:\n    cmd: python check.py\n    always_changed: true\n"
+        "    deps: [checked.txt]\n"
         "    outs:\n      - sources.txt:\n          cache: false\n"
         "  fetch:\n    cmd: python fetch.py\n    deps: [fetch.py, sources.txt]\n")
     (repo / "dvc.yaml").write_text(dvc_yaml)
@@ -174,8 +178,8 @@ def test_a_moved_source_is_new_work(prefect_server, repo: Path, tmp_path: Path, 
     assert first.message == "promoted (gate: no champion)"
     same = scheduled.scheduled_retrain(repo_dir=str(repo), return_state=True)
     assert same.message.startswith("nothing new"), same.message
-    assert task_names(same.state_details.flow_run_id) == {"prepare-workspace", "check_sources",
-                                                          "check-new"}
+    assert task_names(same.state_details.flow_run_id) == {"prepare-workspace", "check_params",
+                                                          "check_sources", "check-new"}
     source.write_text("release 2\n")
     moved = scheduled.scheduled_retrain(repo_dir=str(repo), return_state=True)
     assert moved.message == "promoted (gate: passed)"

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from pipeline.errors import PipelineError
+from pipeline.gate import NOT_COMPARABLE_EXIT
 from stages import train
 from tests.conftest import project_params
 from tests.model.tiny_regrab import labels_of, toy_project, toy_train_sections
@@ -120,3 +121,44 @@ def test_episodes_scores_fewer_episodes_than_evaluate(runs, monkeypatch):
     assert seen == [3] * 4
     with pytest.raises(PipelineError, match="--episodes"):
         paired_runs.main([*args, "--episodes", "-1"])
+
+
+def test_a_champion_trained_on_other_data_is_paired_unless_it_saw_a_test_relation(runs,
+                                                                                   tmp_path):
+    """The scheduled retrain's gate: the promoted models trained before new training data
+    (own relations) are scored on the run's test episodes all the same."""
+    import dataclasses
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from model.evaluation.config import EvalConfig
+    from pipeline.config import load_section
+
+    root, splits, p = runs
+    moved = tmp_path / "splits"
+    shutil.copytree(splits, moved)
+    for split in moved.glob("split_*"):  # new training data: one sentence fewer
+        table = pq.read_table(split / "train.parquet")
+        pq.write_table(table.slice(0, table.num_rows - 1), split / "train.parquet")
+    args = ["--splits", str(moved), "--a", str(root / "a"), "--b", str(root / "a"),
+            "--methods", "regrab", "--settings", "2w1s", "--params", str(p)]
+    with pytest.raises(PipelineError, match="trained on another split"):
+        paired_runs.main(args)
+    with pytest.raises(PipelineError, match="trained on another split"):  # B still is checked
+        paired_runs.main([*args, "--a-trained-elsewhere"])
+    cfg = dataclasses.replace(load_section(EvalConfig, "evaluate", p), settings=("2w1s",),
+                              methods=("regrab",), floor=False, nota_rates=(),
+                              nota_settings=(), temperature_episodes=0)
+    got = paired_runs.episodes_of(root / "a", moved / "split_0", 0, cfg, same_inputs=False)
+    want = paired_runs.episodes_of(root / "a", splits / "split_0", 0, cfg)
+    assert got.keys() == want.keys() and got["regrab"].keys() == want["regrab"].keys()
+    for setting, scores in want["regrab"].items():
+        np.testing.assert_array_equal(got["regrab"][setting], scores)
+    # Test relations it trained on: refused, other training or not.
+    shutil.copy(splits / "split_0" / "train.parquet", moved / "split_0" / "test.parquet")
+    with pytest.raises(PipelineError, match="holds relations"):
+        paired_runs.episodes_of(root / "a", moved / "split_0", 0, cfg, same_inputs=False)
+    with pytest.raises(SystemExit) as stopped:  # the gate's "not comparable"
+        paired_runs.main([*args, "--a-trained-elsewhere"])
+    assert stopped.value.code == NOT_COMPARABLE_EXIT
