@@ -11,7 +11,6 @@ from model.adapt.objectives import (
     fold_moments,
     info_nce,
     masked_copy,
-    output_norm,
     pooled_moments,
 )
 from model.adapt.run import AdaptOptions, adapt, adapted_checkpoint, over_length, tokenize
