@@ -93,7 +93,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--anchor", type=float, default=0.0)
     p.add_argument("--adapt-sentences", type=int, default=0, help="0: the whole half")
-    p.add_argument("--shuffled", action="store_true")
+    p.add_argument("--shuffled", action="store_true", help="also the names-shuffled test")
+    p.add_argument("--only-shuffled", action="store_true", help="the names-shuffled test alone")
+    p.add_argument("--reuse", action="store_true",
+                   help="score the checkpoints already under --keep instead of adapting")
     p.add_argument("--keep", type=Path, help="folder to keep the adapted checkpoints in")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
@@ -115,8 +118,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         temperature_episodes=0, noisy_setting="", unequal_settings=())
     sets = {"semeval": TransferSet(data="", title="", relations=str(args.relations),
                                    shuffle=False, nota=False, unequal=False, benchmarks=())}
-    if args.shuffled:
+    if args.shuffled or args.only_shuffled:
         sets["semeval_shuffled"] = dataclasses.replace(sets["semeval"], shuffle=True)
+    if args.only_shuffled:
+        del sets["semeval"]
     splits = args.splits.split(",")
     objectives = [o for o in args.objectives.split(",") if o]
     cache = LowerCache()
@@ -135,6 +140,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     (folder / "proto_label").symlink_to(
                         (args.models / split / "proto_label").resolve())
                     continue
+                if args.reuse:
+                    shutil.copy(args.keep / name / split / "regrab" / "model.safetensors",
+                                folder / "regrab" / "model.safetensors")
+                    continue
                 model, ckpt = load_model(src)
                 opts = AdaptOptions(objective=name, minutes=args.minutes, steps=args.steps,
                                     lr=args.lr, anchor=args.anchor, seed=args.seed)
@@ -145,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 records.setdefault(name, {})[split] = rec
                 save_checkpoint(folder / "regrab" / "model.safetensors",
                                 adapted_checkpoint(ckpt, model, rec))
-                if args.keep:
+                if args.keep and not args.reuse:
                     dst = args.keep / name / split / "regrab"
                     dst.mkdir(parents=True, exist_ok=True)
                     shutil.copy(folder / "regrab" / "model.safetensors", dst)
