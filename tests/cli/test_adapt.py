@@ -43,13 +43,13 @@ def test_adapts_and_writes_a_checkpoint_that_loads(files, source, tmp_path, caps
     out = tmp_path / "adapted.safetensors"
     record = command.run(_argv(files, files[source], out))
     printed = capsys.readouterr()
-    assert "adapted by contrastive to 18 sentences" in printed.out
+    assert "adapted by masked to 18 sentences" in printed.out
     assert "estimate: about" in printed.err
     assert ("no entity markers" in printed.err) == (source == "plain")
     _, ckpt = load_model(out)
     stored = ckpt.summary["adaptation"][-1]
     assert stored["digest"] == record["digest"] and stored["steps"] == 2
-    assert any("`contrastive` on 18 sentences" in line
+    assert any("`masked` on 18 sentences" in line
                for line in adaptation_lines(ckpt.summary["adaptation"]))
 
 
