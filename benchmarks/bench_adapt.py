@@ -58,17 +58,17 @@ def main() -> None:
     t0 = time.perf_counter()
     encode_all(model.encoder, tokenize(model, sentences), LowerCache())
     peer = time.perf_counter() - t0
+    print(f"{n:,} sentences, {args.threads} threads")
+    print(f"peer, encode them once (unadapted): {peer:7.1f} s  "
+          f"({peer / n * 1000:6.1f} s per 1,000 sentences)", flush=True)
 
     options = AdaptOptions(objective=args.objective, minutes=args.minutes, seed=args.seed)
     t0 = time.perf_counter()
     record = adapt(model, sentences, options)
     took = time.perf_counter() - t0
-    print(f"{n:,} sentences, {args.threads} threads")
-    print(f"peer, encode them once (unadapted): {peer:7.1f} s  "
-          f"({peer / n * 1000:6.1f} s per 1,000 sentences)")
     print(f"regrab-adapt --objective {args.objective}: {took:7.1f} s  "
-          f"({took / n * 1000:6.1f} s per 1,000 sentences; {record['steps']} steps, budget "
-          f"{args.minutes:g} min)")
+          f"({took / n * 1000:6.1f} s per 1,000 sentences given; adapted to "
+          f"{record['sentences']:,}, {record['steps']} steps, budget {args.minutes:g} min)")
     if "loss_first" in record:
         print(f"InfoNCE {record['loss_first']:.4f} -> {record['loss_last']:.4f}")
 

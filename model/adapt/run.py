@@ -93,11 +93,13 @@ class AdaptOptions:
 
 @dataclass(frozen=True)
 class Plan:
-    """What fits the budget: seconds per cached sentence and per step, and the steps run."""
+    """What fits the budget: seconds per cached sentence (each view counted) and per step,
+    the steps run, and how many of the sentences are adapted to."""
 
     cache_seconds: float
     step_seconds: float
     steps: int
+    sentences: int
 
     def total(self, sentences: int) -> float:
         """Seconds the whole adaptation is expected to take."""
@@ -153,29 +155,34 @@ def views(model: FewShotModel, sentences: Sequence[Sentence], objective: str
 
 def plan(model: FewShotModel, tokens: TokenizedSet, offset: int, cache: LowerCache,
          options: AdaptOptions, clock: Callable[[], float] = time.monotonic) -> Plan:
-    """Time the frozen layers on a few sentences and one step here; fit the steps to the
-    budget, or refuse a budget that cannot hold the cache and one step."""
-    n = len(tokens)
+    """Time the frozen layers on a few sentences and one step here, and fit the work to the
+    budget: every sentence when their pass through the frozen layers and one step fit,
+    otherwise as many as half the budget passes (the steps take the rest); a budget that
+    cannot hold one batch of sentences and one step is refused."""
+    views_per = 2 if offset else 1
+    n = len(tokens) // views_per
     trains = options.objective in TRAINED
-    timed = np.arange(min(n - offset, TIMED_SENTENCES))
+    timed = np.arange(min(n, TIMED_SENTENCES))
     start = clock()
     cache.states(model.encoder, tokens, np.concatenate([timed, timed + offset]))
-    per_sentence = (clock() - start) / len(timed) / (2 if offset else 1)
+    per_sentence = (clock() - start) / len(timed)  # all its views
     start = clock()
     _step(model, tokens, offset, cache, _Trainer.of(model, options),
           timed[: options.batch_size], options, update=False)
     step = clock() - start if trains else 0.0
     budget = options.minutes * 60
-    left = budget - per_sentence * n
-    if left < step:
-        need = (per_sentence * n + step) / 60
+    keep = n if per_sentence * n + step <= budget else int(
+        min(budget / 2, budget - step) // per_sentence)
+    if keep < min(n, options.batch_size):
+        need = (per_sentence * min(n, options.batch_size) + step) / 60
         raise PipelineError(
-            f"a budget of {options.minutes:g} min cannot fit one step: the {n:,} sentences "
-            f"take about {per_sentence * n / 60:.1f} min through the frozen layers and a step "
-            f"{step:.1f} s on this machine; give --minutes {math.ceil(need)} or more, or fewer "
-            "sentences")
+            f"a budget of {options.minutes:g} min cannot fit one step: a batch of "
+            f"{min(n, options.batch_size)} sentences takes about {per_sentence * 64:.1f} s "
+            f"per 64 through the frozen layers and a step {step:.1f} s on this machine; give "
+            f"--minutes {max(1, math.ceil(need * 2))} or more")
+    left = budget - per_sentence * keep
     steps = options.steps if step == 0 else min(options.steps, int(left // step))
-    return Plan(per_sentence, step, steps if trains else 0)
+    return Plan(per_sentence / views_per, step, steps if trains else 0, keep)
 
 
 @dataclass
@@ -232,12 +239,22 @@ def adapt(model: FewShotModel, sentences: Sequence[Sentence], options: AdaptOpti
     cache = cache if cache is not None else LowerCache()
     model.eval()
     fitted = plan(model, tokens, offset, cache, options, clock)
+    given = n
+    if fitted.sentences < n:
+        drawn = np.sort(rng.choice(n, size=fitted.sentences, replace=False))
+        sentences = [sentences[i] for i in drawn]
+        tokens, offset = views(model, sentences, options.objective)
+        n = len(sentences)
+        say(f"note: the budget holds {n:,} of the {given:,} sentences (their pass through the "
+            "frozen layers in half of it); adapting to those, drawn with --seed; give more "
+            "--minutes for all")
     say(f"estimate: about {fitted.total(len(tokens)) / 60:.1f} min on this machine "
-        f"({len(tokens):,} sentences through the frozen layers, "
+        f"({n:,} sentences{' and their masked copies' if offset else ''} through the frozen "
+        "layers, "
         f"{fitted.steps} steps of {fitted.step_seconds:.2f} s; budget {options.minutes:g} min)")
     cache.states(model.encoder, tokens, np.arange(len(tokens)), progress=progress)
     record: dict[str, Any] = {
-        "objective": options.objective, "sentences": n,
+        "objective": options.objective, "sentences": n, "given": given,
         "digest": digest(sentences), "budget_minutes": options.minutes,
         "options": dataclasses.asdict(options),
     }

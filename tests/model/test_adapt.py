@@ -127,9 +127,19 @@ def test_a_budget_that_cannot_fit_one_step_is_refused_before_any_change(ckpt, do
     before = {k: v.clone() for k, v in model.trainable_state().items()}
     ticks = itertools.count(step=30.0)  # every reading of the clock 30 s later
     with pytest.raises(PipelineError, match="cannot fit one step"):
-        _quiet(AdaptOptions(minutes=0.5, steps=5, batch_size=8), model, domain,
+        _quiet(AdaptOptions(minutes=0.5, steps=5, batch_size=8), model, domain,  # 30 s a step
                clock=lambda: next(ticks))
     assert all(torch.equal(v, model.trainable_state()[k]) for k, v in before.items())
+
+
+def test_a_budget_too_short_for_every_sentence_adapts_to_a_drawn_part(ckpt, domain):
+    model, _ = load_model(ckpt)
+    ticks = itertools.count(step=1.0)  # 1/32 s per sentence (32 timed), 1 s per step
+    notes = []
+    rec = adapt(model, domain, AdaptOptions(minutes=1.5 / 60, steps=5, batch_size=8),
+                progress=False, say=notes.append, clock=lambda: next(ticks))
+    assert (rec["sentences"], rec["given"]) == (16, len(domain))
+    assert any("holds 16 of the 32 sentences" in line for line in notes)
 
 
 def test_steps_are_cut_to_the_budget(ckpt, domain):
