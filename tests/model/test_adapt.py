@@ -145,9 +145,9 @@ def test_a_budget_too_short_for_every_sentence_adapts_to_a_drawn_part(ckpt, doma
 def test_steps_are_cut_to_the_budget(ckpt, domain):
     model, _ = load_model(ckpt)
     ticks = itertools.count(step=1.0)
-    rec = _quiet(AdaptOptions(minutes=1.0, steps=1000, batch_size=8), model, domain,
-                 clock=lambda: next(ticks))
-    assert 0 < rec["steps"] < 60
+    rec = _quiet(AdaptOptions(minutes=0.1, steps=1000, batch_size=8), model, domain,
+                 clock=lambda: next(ticks))  # 6 s: 1 s for the sentences, 1 s a step
+    assert 0 < rec["steps"] <= 5
 
 
 def test_sentences_longer_than_the_encoder_reads_are_refused(ckpt, domain):
