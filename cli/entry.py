@@ -62,3 +62,8 @@ def models() -> None:
 def fewrel_test() -> None:
     """``regrab-fewrel-test``."""
     _run("fewrel_submission")
+
+
+def adapt() -> None:
+    """``regrab-adapt``."""
+    _run("adapt")

@@ -278,6 +278,23 @@ def _pct(value: Any) -> str:
     return f"{value:.2f}%" if isinstance(value, (int, float)) else "?"
 
 
+def adaptation_lines(records: Any) -> list[str]:
+    """The card's section on ``regrab-adapt`` runs (none when the model was not adapted)."""
+    if not isinstance(records, list) or not records:
+        return []
+    lines = ["## Adaptation", "", "The encoder was adapted to unlabelled sentences of another "
+             "domain after training (`regrab-adapt`); the evaluation below is of the model "
+             "before it.", ""]
+    for r in records:
+        r = r if isinstance(r, dict) else {}
+        loss = (f", InfoNCE {r['loss_first']:.4f} to {r['loss_last']:.4f}"
+                if isinstance(r.get("loss_first"), float) else "")
+        lines.append(f"- `{r.get('objective')}` on {r.get('sentences')} sentences (sha256 "
+                     f"`{r.get('digest')}`), {r.get('steps')} steps in {r.get('seconds')} s "
+                     f"of a {r.get('budget_minutes')} min budget{loss}")
+    return [*lines, ""]
+
+
 def model_card(meta: dict[str, Any], with_encoder: bool) -> str:
     """README.md in the Hugging Face model-card layout (YAML front matter, then sections)."""
     cfg, summary, params = meta["config"], meta["summary"] or {}, meta["params"] or {}
@@ -320,6 +337,7 @@ def model_card(meta: dict[str, Any], with_encoder: bool) -> str:
         f"at step "
         f"{summary.get('best_step', meta.get('step'))} of {summary.get('steps', '?')}",
         "",
+        *adaptation_lines(summary.get("adaptation")),
         "## Evaluation (test relations of the same benchmark, accuracy %)",
         "",
     ]
