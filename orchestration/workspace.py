@@ -116,42 +116,42 @@ def remove(ws: Workspace, keep_branch: bool) -> None:
         git(ws.root, "branch", "-D", ws.branch, check=False)
 
 
-def always_changed(ws: Workspace) -> list[str]:
-    """The stages marked ``always_changed`` (a check of moving sources): run first, always."""
+def _stages(ws: Workspace) -> dict[str, dict]:
+    """The stages of the workspace's ``dvc.yaml``, as written (``foreach`` ones unexpanded)."""
     import yaml
 
     stages = (yaml.safe_load((ws.path / "dvc.yaml").read_text()) or {}).get("stages") or {}
-    return [name for name, spec in stages.items()
-            if isinstance(spec, dict) and spec.get("always_changed")]
+    return {name: spec for name, spec in stages.items() if isinstance(spec, dict)}
+
+
+def always_changed(ws: Workspace) -> list[str]:
+    """The stages marked ``always_changed`` (a check of moving sources): run first, always."""
+    return [name for name, spec in _stages(ws).items() if spec.get("always_changed")]
+
+
+def _resume_state(ws: Workspace) -> dict[str, set[str]]:
+    """Per stage, its outputs declared ``persist: true, cache: false`` (resume state)."""
+    found: dict[str, set[str]] = {}
+    for name, spec in _stages(ws).items():
+        for out in spec.get("outs") or []:
+            if isinstance(out, dict):
+                for path, opts in out.items():
+                    if isinstance(opts, dict) and opts.get("persist") and \
+                            opts.get("cache") is False:
+                        found.setdefault(name, set()).add(path)
+    return found
 
 
 def resume_outputs(ws: Workspace) -> set[str]:
     """Outputs declared ``persist: true, cache: false`` (a stage's resume state, such as
     TransE's checkpoints): neither git nor DVC keeps them, so a new workspace never has them,
     and their absence says nothing about whether the stage's results are current."""
-    import yaml
-
-    stages = (yaml.safe_load((ws.path / "dvc.yaml").read_text()) or {}).get("stages") or {}
-    found = set()
-    for spec in stages.values():
-        for out in (spec.get("outs") or []) if isinstance(spec, dict) else []:
-            if isinstance(out, dict):
-                for path, opts in out.items():
-                    if isinstance(opts, dict) and opts.get("persist") and \
-                            opts.get("cache") is False:
-                        found.add(path)
-    return found
+    return set().union(*_resume_state(ws).values())
 
 
 def resume_stages(ws: Workspace) -> set[str]:
     """The stages that declare resume state (:func:`resume_outputs`)."""
-    import yaml
-
-    stages = (yaml.safe_load((ws.path / "dvc.yaml").read_text()) or {}).get("stages") or {}
-    resume = resume_outputs(ws)
-    return {name for name, spec in stages.items() if isinstance(spec, dict) and any(
-        (out if isinstance(out, str) else next(iter(out), None)) in resume
-        for out in spec.get("outs") or [])}
+    return set(_resume_state(ws))
 
 
 def _without(entries: list[object], paths: set[str]) -> list[object]:

@@ -146,6 +146,7 @@ def test_missing_resume_state_is_not_stale(tmp_path: Path, monkeypatch):
         a, 0, stdout=json.dumps(status), stderr=""))
     ws = workspace.Workspace(tmp_path, tmp_path, "retrain/x", "0" * 40)
     assert workspace.resume_outputs(ws) == {"data/checkpoints/transe"}
+    assert workspace.resume_stages(ws) == {"train_transe"}
     assert workspace.stale_stages(ws, ["check_sources"]) == {
         "fit": [{"changed outs": {"model.bin": "deleted"}}]}
     status["train_transe"][0]["changed outs"]["data/features/transe.parquet"] = "modified"
