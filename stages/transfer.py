@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                   methods=methods or None, episodes=params.episodes,
                                   listed=table.column("relation").to_pylist(),
                                   workers=base.workers, descriptions=descriptions,
-                                  nota=spec.nota, unequal=spec.unequal, cluster=args.cluster)
+                                  nota=spec.nota, unequal=spec.unequal, cluster=args.cluster,
+                                  skip_unplayable=True)
             results.setdefault(name, {})[bench] = out["summary"]
     if not results:
         raise PipelineError(f"no benchmark has models under {args.models}; run dvc repro train")

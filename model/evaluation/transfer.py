@@ -134,8 +134,8 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
                 episodes: int | None = None, keep_trained: bool = False,
                 listed: Iterable[str] = (), workers: int = 1,
                 descriptions: Mapping[str, str | None] | None = None,
-                nota: bool = False, unequal: bool = False, cluster: str | None = None
-                ) -> dict[str, Any]:
+                nota: bool = False, unequal: bool = False, cluster: str | None = None,
+                skip_unplayable: bool = False) -> dict[str, Any]:
     """Score every method trained on every split under ``models`` on ``table``.
 
     Args:
@@ -160,11 +160,16 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
         unequal: also score ``base.unequal_settings`` (:mod:`model.evaluation.shots`) whose
             ways the data has enough relations for.
         cluster: a Dask scheduler's address to score on (None: this machine).
+        skip_unplayable: leave out (with a warning) the settings with more ways than the data
+            has usable relations, instead of refusing; refused still when none is left. For a
+            pipeline whose settings are shared by sets that lose relations to training (a
+            team's own relations can take a transfer set's).
 
     Returns:
-        ``summary`` (:func:`pipeline.report.summarise`, plus ``relations``, ``priors`` and
-        ``vs_floor``), ``methods``, ``cfg`` (the evaluate config used), ``sentences`` (kept)
-        and ``needed`` (the fewest sentences a scored relation has).
+        ``summary`` (:func:`pipeline.report.summarise`, plus ``relations``, ``priors``,
+        ``vs_floor``; ``skipped_settings``, setting -> why it was left out, when any was),
+        ``methods``, ``cfg`` (the evaluate config used), ``sentences`` (kept) and ``needed``
+        (the fewest sentences a scored relation has).
     """
     wanted = methods or list(registry.names())
     unknown = sorted(set(wanted) - set(registry.names()))
@@ -212,6 +217,17 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
     cfg = dataclasses.replace(cfg, unequal_settings=tuple(
         u.name for u in unequal_settings if u.ways <= usable))
     too_many = [s.name for s in settings if s.ways > usable]
+    skipped: dict[str, str] = {}
+    if too_many and skip_unplayable and len(too_many) < len(settings):
+        why = (f"{usable} usable relations (>= {needed} sentences"
+               f"{'' if keep_trained else ', not trained on'})")
+        skipped = {s: f"more ways than the {why}" for s in too_many}
+        log.warning("%s: %s left out: the data has %s", name, ", ".join(too_many), why)
+        settings = [s for s in settings if s.name not in skipped]
+        cfg = dataclasses.replace(
+            cfg, settings=tuple(s.name for s in settings),
+            nota_settings=tuple(s for s in cfg.nota_settings if s not in skipped))
+        too_many = []
     if too_many:
         raise PipelineError(
             f"{name} has {usable} usable relations (>= {needed} sentences"
@@ -246,6 +262,8 @@ def score_table(name: str, table: pa.Table, models: Path, base: EvalConfig,
     summary["priors"] = priors
     summary["vs_floor"] = vs_floor(per_split)
     summary["shots"] = summarise_shots(per_split, cfg.unequal_settings)
+    if skipped:  # only then, so a set that plays every setting reports as before
+        summary["skipped_settings"] = skipped
     return {"summary": summary, "methods": everywhere, "cfg": cfg, "sentences": table.num_rows,
             "needed": needed}
 

@@ -73,6 +73,10 @@ def markdown(results: dict[str, dict[str, dict[str, Any]]], params: TransferPara
                     f"per setting and split. Priors (ways): "
                     + "; ".join(f"{m}: " + ", ".join(f"{k} {n}" for k, n in c.items())
                                 for m, c in summary["priors"].items()))
+            skipped = summary.get("skipped_settings") or {}
+            if skipped:
+                note += (f" Not scored: {', '.join(skipped)} (" + next(iter(skipped.values()))
+                         + ").")
             parts.append(f"## {name}, {bench} checkpoints\n\n"
                          + report.markdown_report(summary, [*params.settings, *(
                              n for s in summary["shots"]["gain"]

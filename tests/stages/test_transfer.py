@@ -217,3 +217,32 @@ def test_a_set_scored_for_some_benchmarks_only(project, tmp_path):
     q.write_text(yaml.safe_dump(params))
     with pytest.raises(PipelineError, match="nyt2.*not in benchmarks"):
         _run(root, q)
+
+
+def test_settings_with_more_ways_than_the_set_has_are_left_out_and_said(project, tmp_path):
+    """A team's own relations can take some of a set's relations into training; the settings
+    the set can still play are scored, the others left out with the reason in the table."""
+    root, p = project
+    params = yaml.safe_load(p.read_text())
+    params["transfer"]["settings"] = ["2w1s", "4w1s"]  # the set has 3 relations
+    q = tmp_path / "params.yaml"
+    q.write_text(yaml.safe_dump(params))
+    _run(root, q)
+    metrics = json.loads((root / "m" / "transfer.json").read_text())
+    assert set(metrics["other"]["toy"]["regrab"]) == {"2w1s"}
+    report = json.loads((root / "m" / "transfer_report.json").read_text())
+    assert list(report["other"]["toy"]["skipped_settings"]) == ["4w1s"]
+    assert "3 usable relations" in report["other"]["toy"]["skipped_settings"]["4w1s"]
+    assert "Not scored: 4w1s (more ways than the 3 usable relations" in \
+        (root / "m" / "transfer.md").read_text()
+    params["transfer"]["settings"] = ["4w1s"]  # nothing left to play: refused
+    q.write_text(yaml.safe_dump(params))
+    with pytest.raises(PipelineError, match="has 3 usable relations.*fewer than the ways"):
+        _run(root, q)
+
+
+def test_a_set_that_plays_every_setting_reports_no_skipped_key(project):
+    root, p = project
+    _run(root, p)
+    report = json.loads((root / "m" / "transfer_report.json").read_text())
+    assert "skipped_settings" not in report["other"]["toy"]
