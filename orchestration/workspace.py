@@ -96,13 +96,17 @@ def local_remotes(root: Path) -> str:
     A folder remote is usually written relative to ``.dvc/`` (the project's default,
     ``../../regrab-dvc-remote``, is a sibling of the checkout); read from a worktree two
     folders deeper, the same words name another folder, and the run would push there. ``dvc
-    remote list`` in ``root`` prints each remote's url as ``root`` resolves it."""
-    lines = dvc(root, "remote", "list").stdout.splitlines()
+    config --list`` in ``root`` prints every level's settings, one ``key=value`` a line, with
+    each folder remote's url resolved as ``root`` reads it (``dvc remote list`` wraps long
+    paths over several lines, so it cannot be parsed)."""
     pinned = ""
-    for line in lines:
-        parts = line.split()
-        if len(parts) >= 2 and "://" not in parts[1]:
-            pinned += f"['remote \"{parts[0]}\"']\n    url = {Path(root, parts[1]).resolve()}\n"
+    for line in dvc(root, "config", "--list").stdout.splitlines():
+        key, sep, url = line.strip().partition("=")
+        if not sep or not key.startswith("remote.") or not key.endswith(".url"):
+            continue
+        name = key[len("remote."):-len(".url")]
+        if name and "://" not in url:
+            pinned += f"['remote \"{name}\"']\n    url = {Path(root, url).resolve()}\n"
     return pinned
 
 

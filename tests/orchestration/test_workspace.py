@@ -130,6 +130,17 @@ def test_push_says_when_there_is_no_remote(repo: Path):
     workspace.remove(ws, keep_branch=False)
 
 
+def test_a_folder_remote_with_a_long_path_is_pinned_whole(repo: Path):
+    """dvc remote list wraps a long url over lines (as under pytest-xdist's deeper temp
+    folders); the pinned url must still be the whole absolute path, or the run pushes into
+    the workspace."""
+    far = "a-remote-folder-with-a-name-long-enough-to-wrap-" * 3
+    sh(repo, sys.executable, "-m", "dvc", "remote", "add", "-d", "store", f"../{far}")
+    sh(repo, sys.executable, "-m", "dvc", "remote", "add", "cloud", "s3://bucket/path")
+    pinned = workspace.local_remotes(repo)
+    assert pinned == f"['remote \"store\"']\n    url = {(repo.parent / far).resolve()}\n"
+
+
 def test_missing_resume_state_is_not_stale(tmp_path: Path, monkeypatch):
     """A new workspace never has a stage's persist + cache: false output (TransE's resume
     checkpoints: neither git nor DVC keeps them); that alone must not make the run think
