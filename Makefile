@@ -36,12 +36,14 @@ push: $(STAMP)
 	$(DVC_PUSH)
 
 # The fast tests run in one process per CPU core (pytest-xdist), each test file whole in one
-# of them, so a file's module fixtures are built once. The slow ones share servers: one process.
+# of them, so a file's module fixtures are built once. The slow ones too, handed out in
+# collection order, which puts the tests marked long first (tests/conftest.py): most of their
+# time is spent waiting on servers and subprocesses.
 test: $(STAMP)
 	$(BIN)/python -m pytest -n auto --dist loadfile -m "not slow and not integration"
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -m "slow or integration"
+	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder -m "slow or integration"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -99,7 +99,22 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test that starts a Prefect server ``integration`` (``make test-slow``)."""
+    """Mark every test that starts a Prefect server ``integration`` (``make test-slow``), and
+    put the tests marked ``long`` first, longest first (the rest keep their order): ``make
+    test-slow`` hands whole files to its processes in collection order, so a long file
+    started last would keep one process busy long after the other has finished."""
     for item in items:
         if any(f in getattr(item, "fixturenames", ()) for f in SERVER_FIXTURES):
             item.add_marker(pytest.mark.integration)
+    items.sort(key=lambda item: -long_minutes(item))
+
+
+def long_minutes(item: pytest.Item) -> float:
+    """The minutes a ``long`` mark gives the test (0 without one)."""
+    mark = item.get_closest_marker("long")
+    if mark is None:
+        return 0.0
+    minutes = mark.kwargs.get("minutes", mark.args[0] if mark.args else None)
+    if not isinstance(minutes, int | float) or minutes <= 0:
+        raise pytest.UsageError(f"{item.nodeid}: give long(minutes=N) with N > 0")
+    return float(minutes)

@@ -132,6 +132,7 @@ def final_states(api: str, run_ids: list[str], timeout_s: float) -> dict[str, li
 
 
 @pytest.mark.integration
+@pytest.mark.long(minutes=1)
 def test_worker_runs_one_weekly_retrain_at_a_time(stack_env: dict[str, str], tiny_repo: Path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
@@ -227,8 +228,9 @@ def fresh_clone(tmp_path: Path) -> Path:
 
 
 @pytest.mark.integration
+@pytest.mark.long(minutes=1)
 def test_flow_runs_from_a_fresh_clone(tmp_path: Path, mirror: Path):
-    """Issue 9.1: planning needed the DVC cache's ``.dir`` entries, which a clone lacks."""
+    """Planning needed the DVC cache's ``.dir`` entries, which a clone lacks."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 

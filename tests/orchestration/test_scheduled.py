@@ -20,7 +20,8 @@ from orchestration import scheduled
 from pipeline.gate import decide
 from tests.orchestration.test_outcome import Receiver
 
-pytestmark = pytest.mark.slow  # several flow runs with dvc subprocesses: about a minute
+# Several flow runs with dvc subprocesses: about half a minute each.
+pytestmark = [pytest.mark.slow, pytest.mark.long(minutes=0.5)]
 
 PROMOTE = """\
 promote:

@@ -38,7 +38,7 @@ from tests.orchestration.test_flows_integration import final_states, fresh_clone
 from tests.orchestration.test_outcome import Receiver
 from tests.upstream import serve
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long(minutes=7)]
 
 
 def git(cwd: Path, *args: str) -> str:

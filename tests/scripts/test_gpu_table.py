@@ -100,6 +100,7 @@ def _call(root: Path, bundle: Path, carry: list[str], i: int, *extra: str):
 
 
 @pytest.mark.slow
+@pytest.mark.long(minutes=2)
 def test_pack_carry_and_run_the_table_on_the_cpu(packed):
     root, bundle, printed = packed
     calls = json.loads((bundle / "calls.json").read_text())["calls"]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 #: A subprocess pipeline (bash, then Python children for every stage call): the slow suite.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long(minutes=1)]
 
 ROOT = Path(__file__).resolve().parents[2]
 

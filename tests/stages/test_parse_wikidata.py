@@ -806,7 +806,7 @@ def test_data_mirror_counts_and_coverage(tmp_path):
 
 
 def test_mirror_dump_cut_in_half_keeps_what_the_stdlib_reader_keeps(tmp_path, mirror, capsys):
-    """Issue 9: a .json.bz2 cut in half kept fewer entities than the standard library's
+    """A .json.bz2 cut in half kept fewer entities than the standard library's
     reader (0 in the report), and ``--allow-damaged`` hid the damage from the report."""
     source = mirror / "wikidata" / "dumps" / "opentapioca_sample_wikidata_items.json.bz2"
     data = source.read_bytes()

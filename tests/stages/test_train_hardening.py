@@ -1,5 +1,5 @@
 """Training after a hard kill: no stale temporaries cached with ``models/``, and dvclive
-curves that hold one row per step however often the run was resumed (issue 9, items 5-6)."""
+curves that hold one row per step however often the run was resumed."""
 
 import csv
 import os
