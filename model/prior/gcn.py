@@ -37,8 +37,6 @@ import numpy as np
 import pyarrow as pa
 import torch
 from torch import nn
-from torch_geometric.nn import GCNConv
-from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from model.encoder.frozen_cache import LowerCache, encode_all
 from model.encoder.sentence import SentenceEncoder
@@ -76,6 +74,10 @@ class GraphPrior(nn.Module):
         # computed once; with one layer a step then only needs the episode's N rows.
         self.register_buffer("propagated", self._propagate(feats))
         dims = [feats.shape[1]] + [config.hidden] * (config.layers - 1) + [out_dim]
+        # Imported here, not at the top: torch_geometric costs about 3 s of CPU to import, which
+        # every process that only reads this module's names (a params check) would pay.
+        from torch_geometric.nn import GCNConv
+
         self.convs = nn.ModuleList(GCNConv(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
         self.scale = nn.Parameter(torch.tensor(float(config.scale)))
         self.fallback = nn.Parameter(torch.zeros(out_dim))
@@ -109,6 +111,8 @@ class GraphPrior(nn.Module):
         Shapes:
             x: (R, F) -> (R, F)
         """
+        from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
         ei, w = gcn_norm(self.edge_index, self.edge_weight, num_nodes=x.shape[0],
                          add_self_loops=True)
         return torch.zeros_like(x).index_add_(0, ei[1], x[ei[0]] * w[:, None])
