@@ -75,8 +75,8 @@ def markdown(results: dict[str, dict[str, dict[str, Any]]], params: TransferPara
                                 for m, c in summary["priors"].items()))
             skipped = summary.get("skipped_settings") or {}
             if skipped:
-                note += (f" Not scored: {', '.join(skipped)} (" + next(iter(skipped.values()))
-                         + ").")
+                note += (f". Not scored: {', '.join(skipped)} ("
+                         + next(iter(skipped.values())) + ")")
             parts.append(f"## {name}, {bench} checkpoints\n\n"
                          + report.markdown_report(summary, [*params.settings, *(
                              n for s in summary["shots"]["gain"]

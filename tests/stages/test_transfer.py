@@ -233,7 +233,7 @@ def test_settings_with_more_ways_than_the_set_has_are_left_out_and_said(project,
     report = json.loads((root / "m" / "transfer_report.json").read_text())
     assert list(report["other"]["toy"]["skipped_settings"]) == ["4w1s"]
     assert "3 usable relations" in report["other"]["toy"]["skipped_settings"]["4w1s"]
-    assert "Not scored: 4w1s (more ways than the 3 usable relations" in \
+    assert ". Not scored: 4w1s (more ways than the 3 usable relations" in \
         (root / "m" / "transfer.md").read_text()
     params["transfer"]["settings"] = ["4w1s"]  # nothing left to play: refused
     q.write_text(yaml.safe_dump(params))
