@@ -4,11 +4,14 @@ The champion is the version assigned to ``prod`` in the registry (``pipeline.reg
 REGRAB model of every split is copied out of DVC at that version's commit into the workspace
 (the shared cache, else the DVC remote). ``scripts/paired_runs.py`` then scores both on the same
 test episodes, as a subprocess of the workspace's own code (no model code runs in the flow's
-process), and :func:`pipeline.gate.decide` reads its tables. Nothing here imports Prefect.
+process), and :func:`pipeline.gate.decide` reads its tables. A benchmark whose models the run
+did not change (the champion's bytes, as when new data reaches only another benchmark) is not
+scored: both sides would give the same answer on every episode. Nothing here imports Prefect.
 """
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import subprocess
@@ -23,7 +26,14 @@ from orchestration.workspace import Workspace
 from pipeline import registry
 from pipeline.config import load_benchmarks
 from pipeline.errors import PipelineError
-from pipeline.gate import NOT_COMPARABLE_EXIT, Decision, PromoteConfig, decide, not_comparable
+from pipeline.gate import (
+    NOT_COMPARABLE_EXIT,
+    UNCHANGED,
+    Decision,
+    PromoteConfig,
+    decide,
+    not_comparable,
+)
 from pipeline.report import REFERENCE
 
 #: Where the champion's models are copied in the workspace, and the paired tables written.
@@ -58,6 +68,15 @@ def champion_models(ws: Workspace, champion: registry.Version, bench: str,
         ref = registry.Ref(registry.NAME, champion.version, None, f"{bench}/{split}/{REFERENCE}")
         registry.checkout(ws.path, ref, dest / split / REFERENCE)
     return dest
+
+
+def same_models(champion_dir: Path, models: Path) -> bool:
+    """Whether every file of the champion's REGRAB models (``champion_dir/split_k/regrab``)
+    is in ``models`` with the same bytes, for at least one split."""
+    files = [p for p in champion_dir.rglob("*") if p.is_file()]
+    return bool(files) and all(
+        (models / p.relative_to(champion_dir)).is_file()
+        and filecmp.cmp(p, models / p.relative_to(champion_dir), shallow=False) for p in files)
 
 
 def paired_table(ws: Workspace, bench: str, splits: Path, champion_dir: Path,
@@ -100,6 +119,11 @@ def score(ws: Workspace, champion: registry.Version | None, cfg: PromoteConfig,
         splits = ws.path / benches[bench].splits
         champion_dir = champion_models(ws, champion, bench, splits)
         log(f"{champion.tag}'s {bench} models copied to {champion_dir}")
+        if same_models(champion_dir, ws.path / registry.MODELS_DIR / bench):
+            log(f"{bench}: this run's {REFERENCE} models are {champion.tag}'s, byte for byte; "
+                "not scored (every paired difference would be 0)")
+            tables[bench] = UNCHANGED
+            continue
         try:
             tables[bench] = paired_table(ws, bench, splits, champion_dir, cfg, log)
         except NotComparable as exc:

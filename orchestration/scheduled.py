@@ -151,7 +151,8 @@ def promote(ws: Workspace, run: str, decision: Decision, commit: str | None,
         for line in lines:
             logger.info(line)
         return lines
-    head = next((r for r in decision.rows if r["setting"] == "headline"), None)
+    head = next((r for r in decision.rows
+                 if r["setting"] == "headline" and r["challenger"] is not None), None)
     note = (f"{run}: headline {head['challenger']:.2f} vs {head['champion']:.2f}" if head
             else f"{run}: gate {decision.gate}")
     version = registry.register(ws.root, commit=sha, message=note)

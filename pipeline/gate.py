@@ -35,6 +35,9 @@ NO_CHAMPION = "no champion"
 NOT_COMPARABLE = "not comparable"
 #: ``scripts/paired_runs.py``'s exit status for that case (``--a-trained-elsewhere``).
 NOT_COMPARABLE_EXIT = 3
+#: In place of a benchmark's paired table, and as its rows' verdict: the run's models are the
+#: champion's, byte for byte (not scored; every paired difference would be 0).
+UNCHANGED = "unchanged"
 #: Environment variable that overrides ``promote.webhook``.
 WEBHOOK_ENV = "REGRAB_RETRAIN_WEBHOOK"
 
@@ -88,11 +91,14 @@ class Decision:
         return "not promoted: " + "; ".join(self.reasons)
 
 
-def _row(benchmark: str, setting: str, champion: float, challenger: float, diff: float,
-         ci95: float | None, verdict: str) -> dict[str, Any]:
-    return {"benchmark": benchmark, "setting": setting, "champion": round(champion, 2),
-            "challenger": round(challenger, 2), "diff": round(diff, 2),
-            "ci95": None if ci95 is None else round(ci95, 2), "verdict": verdict}
+def _row(benchmark: str, setting: str, champion: float | None, challenger: float | None,
+         diff: float, ci95: float | None, verdict: str) -> dict[str, Any]:
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 2)
+
+    return {"benchmark": benchmark, "setting": setting, "champion": r(champion),
+            "challenger": r(challenger), "diff": round(diff, 2), "ci95": r(ci95),
+            "verdict": verdict}
 
 
 def headline(table: dict[str, Any], settings: tuple[str, ...]) -> dict[str, Any]:
@@ -130,8 +136,11 @@ def not_comparable(reason: str) -> Decision:
     return Decision(False, NOT_COMPARABLE, (f"{NOT_COMPARABLE}: {reason}",), ())
 
 
-def decide(tables: dict[str, dict[str, Any]] | None, cfg: PromoteConfig) -> Decision:
+def decide(tables: dict[str, dict[str, Any] | str] | None, cfg: PromoteConfig) -> Decision:
     """The gate on ``{benchmark: paired table}`` (None: there is no champion).
+
+    A benchmark given :data:`UNCHANGED` instead of a table (the run's models are the
+    champion's bytes) passes, its rows saying so with no accuracies.
 
     Raises:
         PipelineError: a benchmark of ``promote.benchmarks`` has no table, or a table lacks
@@ -147,6 +156,10 @@ def decide(tables: dict[str, dict[str, Any]] | None, cfg: PromoteConfig) -> Deci
     reasons: list[str] = []
     for bench in cfg.benchmarks:
         table = tables[bench]
+        if table == UNCHANGED:  # the champion's models: no score, nothing can differ
+            rows += [_row(bench, s, None, None, 0.0, 0.0, UNCHANGED)
+                     for s in (*cfg.settings, "headline")]
+            continue
         head = headline(table, cfg.settings)
         worse = head["diff"] + head["ci95"] < -cfg.headline_margin
         if worse:

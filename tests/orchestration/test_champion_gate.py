@@ -61,7 +61,10 @@ def project(tmp_path_factory) -> Path:
     return root
 
 
-def test_same_models_pass_the_gate_on_paired_episodes(project: Path):
+def test_the_champion_s_own_models_pass_unscored(project: Path):
+    """A run whose models are the champion's bytes (new data reached only another benchmark)
+    is not scored: every paired difference would be 0, and at full size the scoring took 9
+    minutes."""
     champion = registry.resolve(project, "regrab")
     ws = workspace.create(project, "gate")
     try:
@@ -71,14 +74,22 @@ def test_same_models_pass_the_gate_on_paired_episodes(project: Path):
         copied = ws.path / champion_gate.CHAMPION_DIR / "nyt25"
         assert sorted(p.name for p in copied.iterdir()) == ["split_0", "split_1"]
         assert (copied / "split_0" / "regrab" / "model.safetensors").is_file()
+        assert champion_gate.same_models(copied, ws.path / "models" / "nyt25")
+        # One byte changed in one split's model: not the same models.
+        model = ws.path / "models" / "nyt25" / "split_1" / "regrab" / "model.safetensors"
+        data = bytearray(model.read_bytes())
+        data[-1] ^= 1
+        model.unlink()  # a link into the shared cache: never write through it
+        model.write_bytes(bytes(data))
+        assert not champion_gate.same_models(copied, ws.path / "models" / "nyt25")
     finally:
         workspace.remove(ws, keep_branch=False)
     assert decision.promote and decision.gate == "passed", decision
     rows = {r["setting"]: r for r in decision.rows}
     assert set(rows) == {"2w1s", "headline"}
-    assert rows["2w1s"]["diff"] == 0.0 and rows["headline"]["diff"] == 0.0
-    assert rows["2w1s"]["champion"] == rows["2w1s"]["challenger"]
-    assert any("regrab 2w1s: A" in line for line in logged)  # paired_runs' own report
+    assert all(r["verdict"] == "unchanged" and r["diff"] == 0.0 for r in rows.values())
+    assert any("byte for byte; not scored" in line for line in logged)
+    assert not any("paired_runs.py" in line for line in logged)
 
 
 def test_no_champion_scores_nothing(project: Path):

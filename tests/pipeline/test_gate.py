@@ -7,7 +7,7 @@ import math
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.gate import NO_CHAMPION, PromoteConfig, decide, headline
+from pipeline.gate import NO_CHAMPION, UNCHANGED, PromoteConfig, decide, headline
 
 SETTINGS = ("5w1s", "10w1s")
 CFG = PromoteConfig(benchmarks=("nyt25",), settings=SETTINGS, headline_margin=0.0,
@@ -99,3 +99,19 @@ def test_one_split_uses_the_pooled_episode_interval():
 def test_missing_setting_is_one_clear_error():
     with pytest.raises(PipelineError, match="no regrab score for 10w1s"):
         headline(table(**{"5w1s": {"split_0": 1.0}}), SETTINGS)
+
+
+def test_an_unchanged_benchmark_passes_and_says_so_while_the_other_decides():
+    cfg = PromoteConfig(benchmarks=("nyt25", "fewrel"), settings=SETTINGS, headline_margin=0.0,
+                        setting_margin=2.0, episodes=0, webhook="")
+    worse = table(**{"5w1s": {"split_0": -1.0, "split_1": -1.1, "split_2": -0.9},
+                     "10w1s": {"split_0": -1.2, "split_1": -1.0, "split_2": -1.1}})
+    decision = decide({"nyt25": UNCHANGED, "fewrel": worse}, cfg)
+    assert not decision.promote and len(decision.reasons) == 1
+    assert decision.reasons[0].startswith("fewrel headline")
+    nyt = [r for r in decision.rows if r["benchmark"] == "nyt25"]
+    assert [r["setting"] for r in nyt] == [*SETTINGS, "headline"]
+    assert all(r["verdict"] == UNCHANGED and r["diff"] == 0.0 and r["champion"] is None
+               for r in nyt)
+    decision = decide({"nyt25": UNCHANGED, "fewrel": UNCHANGED}, cfg)
+    assert decision.promote and decision.gate == "passed"
