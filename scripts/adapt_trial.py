@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["sets"][set_name] = {
             "accuracy": {k: {s: float(np.mean([v[sp][s].mean() for sp in v])) * 100
                              for s in settings} for k, v in rows.items()},
+            "per_split": {k: {sp: {s: float(v[sp][s].mean()) * 100 for s in settings}
+                              for sp in v} for k, v in rows.items()},
             "vs_unadapted": {k: paired(ref, v) for k, v in rows.items() if k != "regrab"},
             "vs_proto_label": {k: paired(rows["proto_label"], v) for k, v in rows.items()
                                if k.startswith("regrab")}}
