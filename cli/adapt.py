@@ -41,6 +41,7 @@ from cli.model_option import add_model_option, model_file
 from cli.text import shown
 from model.adapt.objectives import OBJECTIVES
 from model.adapt.run import (
+    DEFAULT_LR,
     DEFAULT_OBJECTIVE,
     AdaptOptions,
     adapt,
@@ -119,8 +120,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"most training steps, cut to fit --minutes (default {defaults.steps})")
     p.add_argument("--batch-size", type=int, default=defaults.batch_size,
                    help=f"sentences per step (default {defaults.batch_size})")
-    p.add_argument("--lr", type=float, default=defaults.lr,
-                   help=f"learning rate of the top layer (default {defaults.lr:g})")
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate of the top layer (default 1e-4; " + ", ".join(
+                       f"{k} {v:g}" for k, v in DEFAULT_LR.items()) + ")")
     p.add_argument("--relations", type=Path,
                    help="--objective pseudo: your relations' names and descriptions, JSON "
                         '{"id": ["name", "description"], ...} (2 or more relations)')

@@ -56,6 +56,9 @@ from pipeline.errors import PipelineError
 #: The objective ``regrab-adapt`` uses unless told otherwise: the best measured on SemEval,
 #: though not by a margin its interval clears (docs/results/domain-adaptation.md).
 DEFAULT_OBJECTIVE = "masked"
+#: The learning rate of an objective when none is given: each the best measured on SemEval
+#: (docs/results/domain-adaptation.md); 1e-4 for the others.
+DEFAULT_LR = {"pseudo": 3e-5}
 #: Sentences timed to estimate the frozen layers' cost per sentence.
 TIMED_SENTENCES = 64
 
@@ -69,7 +72,7 @@ class AdaptOptions:
         minutes: the wall-clock budget on this machine, estimate and loop included.
         steps: the most training steps (``contrastive``; cut to fit ``minutes``).
         batch_size: sentences per step (the contrastive negatives are the batch's others).
-        lr: AdamW learning rate of the top layer.
+        lr: AdamW learning rate of the top layer (None: the objective's, :data:`DEFAULT_LR`).
         temperature: of the InfoNCE softmax over cosines.
         anchor: weight of the squared distance from the starting weights.
         seed: batches and dropout.
@@ -82,17 +85,19 @@ class AdaptOptions:
     minutes: float = 15.0
     steps: int = 200
     batch_size: int = 64
-    lr: float = 1e-4
+    lr: float | None = None
     temperature: float = 0.05
     anchor: float = 0.0
     seed: int = 0
-    share: float = 0.5
+    share: float = 0.2
     relabel: bool = True
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise PipelineError(f"objective {self.objective!r} is unknown; use one of "
                                 f"{', '.join(OBJECTIVES)}")
+        if self.lr is None:  # frozen: set the objective's rate once, so records show it
+            object.__setattr__(self, "lr", DEFAULT_LR.get(self.objective, 1e-4))
         for name in ("minutes", "lr", "temperature"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):

@@ -131,3 +131,10 @@ def test_pseudo_needs_a_prior_that_reads_names(tmp_path, domain):
 def test_a_bad_share_is_one_line(share):
     with pytest.raises(PipelineError, match="--share"):
         AdaptOptions(objective="pseudo", share=share)
+
+
+def test_pseudo_has_its_own_defaults_the_best_measured():
+    assert (AdaptOptions(objective="pseudo").lr, AdaptOptions(objective="pseudo").share) == (
+        3e-5, 0.2)
+    assert AdaptOptions(objective="masked").lr == 1e-4
+    assert AdaptOptions(objective="pseudo", lr=1e-3).lr == 1e-3
