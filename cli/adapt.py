@@ -123,12 +123,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate of the top layer (default 1e-4; " + ", ".join(
                        f"{k} {v:g}" for k, v in DEFAULT_LR.items()) + ")")
-    p.add_argument("--relations", type=Path,
+    p.add_argument("--relations", type=Path, metavar="FILE",
                    help="--objective pseudo: your relations' names and descriptions, JSON "
                         '{"id": ["name", "description"], ...} (2 or more relations)')
     p.add_argument("--share", type=float, default=defaults.share,
-                   help="--objective pseudo: most share of the sentences kept as labelled, "
-                        f"the most confident, an equal part per relation (default "
+                   help="--objective pseudo: the largest share of the sentences kept as "
+                        "labelled, the most confident, an equal part per relation (default "
                         f"{defaults.share:g})")
     p.add_argument("--skip-long", action="store_true",
                    help="leave out sentences longer than the encoder reads (default: refuse)")

@@ -88,7 +88,8 @@ def test_a_budget_that_cannot_fit_one_step_is_one_line(files, tmp_path, capsys):
     assert "cannot fit one step" in err and "--minutes" in err and not out.exists()
 
 
-@pytest.mark.parametrize("bad", [["--minutes", "-1"], ["--lr", "0"], ["--seed", "-1"]])
+@pytest.mark.parametrize("bad", [["--minutes", "-1"], ["--lr", "0"], ["--seed", "-1"],
+                                 ["--share", "0"], ["--share", "1.5"]])
 def test_bad_numbers_are_one_line(files, tmp_path, capsys, bad):
     out = tmp_path / "out.safetensors"
     _one_error(capsys, lambda: command.main(_argv(files, files["marked"], out, *bad)))
