@@ -87,10 +87,10 @@ def options_of(spec: str, base: AdaptOptions) -> AdaptOptions:
     over: dict[str, Any] = {"objective": name}
     for pair in pairs:
         key, value = pair.split("=")
-        kind = fields[key]
-        over[key] = (value.lower() in ("1", "true", "yes") if kind in (bool, "bool")
-                     else int(value) if kind in (int, "int") else float(value)
-                     if kind in (float, "float") else value)
+        kind = str(getattr(fields[key], "__name__", fields[key]))  # "float | None" too
+        over[key] = (value.lower() in ("1", "true", "yes") if "bool" in kind
+                     else float(value) if "float" in kind else int(value) if "int" in kind
+                     else value)
     return dataclasses.replace(base, **over)
 
 
