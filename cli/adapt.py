@@ -13,14 +13,20 @@ A sentence without markers gets two of its words, drawn with ``--seed``, as its 
 work is timed on this machine first: an estimate is printed, the steps are cut to fit
 ``--minutes``, and a budget that cannot fit one step stops before any work.
 
+``--objective pseudo`` lets the model's prior label your sentences with the relations you
+name in ``--relations`` (the relations file the other commands read: ``{"id": ["name",
+"description"], ...}``), and trains on the confident labels; the file's sha256 is recorded.
+
 Usage:
     regrab-adapt --checkpoint models/nyt25/split_0/regrab/model.safetensors \
-        --sentences my_domain.txt --out adapted.safetensors [--minutes 15] [--seed 0]
+        --sentences my_domain.txt --out adapted.safetensors [--minutes 15] [--seed 0] \
+        [--objective pseudo --relations my_relations.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import sys
 from pathlib import Path
@@ -35,6 +41,7 @@ from cli.model_option import add_model_option, model_file
 from cli.text import shown
 from model.adapt.objectives import OBJECTIVES
 from model.adapt.run import (
+    DEFAULT_LR,
     DEFAULT_OBJECTIVE,
     AdaptOptions,
     adapt,
@@ -46,6 +53,7 @@ from model.files.loader import load_model
 from model.predict.sentences import MARKER_RE, Sentence, parse_sentence
 from pipeline.config import select_device, set_threads
 from pipeline.errors import PipelineError
+from pipeline.fewrel import load_relation_texts
 from pipeline.io import check_writable
 
 #: Skipped lines named in the summary.
@@ -112,8 +120,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"most training steps, cut to fit --minutes (default {defaults.steps})")
     p.add_argument("--batch-size", type=int, default=defaults.batch_size,
                    help=f"sentences per step (default {defaults.batch_size})")
-    p.add_argument("--lr", type=float, default=defaults.lr,
-                   help=f"learning rate of the top layer (default {defaults.lr:g})")
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate of the top layer (default 1e-4; " + ", ".join(
+                       f"{k} {v:g}" for k, v in DEFAULT_LR.items()) + ")")
+    p.add_argument("--relations", type=Path, metavar="FILE",
+                   help="--objective pseudo: your relations' names and descriptions, JSON "
+                        '{"id": ["name", "description"], ...} (2 or more relations)')
+    p.add_argument("--share", type=float, default=defaults.share,
+                   help="--objective pseudo: the largest share of the sentences kept as "
+                        "labelled, the most confident, an equal part per relation (default "
+                        f"{defaults.share:g})")
     p.add_argument("--skip-long", action="store_true",
                    help="leave out sentences longer than the encoder reads (default: refuse)")
     p.add_argument("--seed", type=int, default=0, help="batches, dropout and drawn entities")
@@ -125,14 +141,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     check_threads(args.threads)
     args.options = AdaptOptions(objective=args.objective, minutes=args.minutes,
                                 steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                                seed=args.seed)
+                                seed=args.seed, share=args.share)
+    if (args.relations is None) == (args.objective == "pseudo"):
+        raise PipelineError(
+            "--objective pseudo labels your sentences with your relations' names: give "
+            "--relations FILE" if args.relations is None else
+            f"--relations is read by --objective pseudo only, not {args.objective}; drop it")
     if args.out.suffix != ".safetensors":
         raise PipelineError(f"--out {args.out}: give a .safetensors file name")
     if args.out.is_dir():
         raise PipelineError(f"--out {args.out} is a folder; give a file name")
     check_writable(args.out)
     refuse_same(args.out, "--out", {"--checkpoint": args.checkpoint,
-                                    "--sentences": args.sentences})
+                                    "--sentences": args.sentences, "--relations": args.relations})
     return args
 
 
@@ -142,6 +163,10 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     set_threads(args.threads)
     device = select_device(args.device, "--device")
     sentences, skipped, drawn = read_domain(args.sentences, args.seed)
+    relations = None
+    if args.relations is not None:
+        relations = load_relation_texts(args.relations, fix="give --relations a JSON object "
+                                        '{"id": ["name", "description"], ...}')
     model, checkpoint = load_model(model_file(args.checkpoint), device)
     long = over_length(model, sentences)
     if long and args.skip_long:
@@ -153,11 +178,14 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"note: {drawn:,} sentence(s) had no entity markers; two of their words were "
               "drawn as entities (--seed)", file=sys.stderr)
     record = adapt(model, sentences, args.options,
-                   say=lambda line: print(line, file=sys.stderr))
+                   say=lambda line: print(line, file=sys.stderr), relations=relations)
     record["source"] = str(args.checkpoint)
+    if args.relations is not None:
+        record["relations_file"] = str(args.relations)
+        record["relations_sha256"] = hashlib.sha256(args.relations.read_bytes()).hexdigest()
     record["skipped"] = len(skipped)
     save_checkpoint(args.out, adapted_checkpoint(checkpoint, model, record))
-    loss = (f", InfoNCE {record['loss_first']:.4f} -> {record['loss_last']:.4f}"
+    loss = (f", {record['loss']} {record['loss_first']:.4f} -> {record['loss_last']:.4f}"
             if "loss_first" in record else "")
     print(f"adapted by {record['objective']} to {record['sentences']:,} sentences "
           f"({len(skipped)} skipped, digest {record['digest'][:12]}) in "

@@ -10,11 +10,15 @@ episode, with the t 95% interval over splits (the variance between splits) and t
 one over the pooled episodes. The names-shuffled stress test (every relation reads another's
 name and description) is rerun on the same episodes with ``--shuffled``.
 
+An objective may carry its own options after colons, ``pseudo:lr=1e-4:share=0.3``, so two
+settings are scored on the same episodes in one run; ``pseudo`` labels the domain half with
+the relations of ``--relations`` (their true names, also under ``--shuffled``).
+
 Usage:
     python scripts/adapt_trial.py --data ../shared/data/fewrel/val_semeval.json \
         --relations ../shared/data/fewrel/semeval_relations.json \
         --models ../repro-clone/models/nyt25 --splits split_0,split_1 \
-        --objectives centre,whiten,contrastive --episodes 300 --out trial.json
+        --objectives centre,pseudo,pseudo:lr=1e-4 --episodes 300 --out trial.json
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from model.predict.sentences import parse_sentence
 from pipeline import report
 from pipeline.config import load_section
 from pipeline.errors import run_cli
-from pipeline.fewrel import convert
+from pipeline.fewrel import convert, load_relation_texts
 
 
 def halves(table: pa.Table, seed: int) -> tuple[pa.Table, pa.Table]:
@@ -76,6 +80,20 @@ def paired(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, Any]
     return out
 
 
+def options_of(spec: str, base: AdaptOptions) -> AdaptOptions:
+    """``name[:key=value...]`` -> the options of that objective (values as the field's type)."""
+    name, *pairs = spec.split(":")
+    fields = {f.name: f.type for f in dataclasses.fields(AdaptOptions)}
+    over: dict[str, Any] = {"objective": name}
+    for pair in pairs:
+        key, value = pair.split("=")
+        kind = str(getattr(fields[key], "__name__", fields[key]))  # "float | None" too
+        over[key] = (value.lower() in ("1", "true", "yes") if "bool" in kind
+                     else float(value) if "float" in kind else int(value) if "int" in kind
+                     else value)
+    return dataclasses.replace(base, **over)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, required=True)
@@ -91,6 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--anchor", type=float, default=0.0)
+    p.add_argument("--share", type=float, default=AdaptOptions.share)
     p.add_argument("--adapt-sentences", type=int, default=0, help="0: the whole half")
     p.add_argument("--shuffled", action="store_true", help="also the names-shuffled test")
     p.add_argument("--only-shuffled", action="store_true", help="the names-shuffled test alone")
@@ -107,6 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         adapt_half = adapt_half.take(np.random.default_rng(args.seed).permutation(
             adapt_half.num_rows)[: args.adapt_sentences])
     domain = sentences_of(adapt_half)
+    texts = load_relation_texts(args.relations)
     scored = set(score_half.column("instance_id").to_pylist())
     assert not scored & set(adapt_half.column("instance_id").to_pylist())
     base = load_section(EvalConfig, "evaluate", Path("params.yaml"))
@@ -144,10 +164,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                 folder / "regrab" / "model.safetensors")
                     continue
                 model, ckpt = load_model(src)
-                opts = AdaptOptions(objective=name, minutes=args.minutes, steps=args.steps,
-                                    lr=args.lr, anchor=args.anchor, seed=args.seed)
+                opts = options_of(name, AdaptOptions(
+                    minutes=args.minutes, steps=args.steps, lr=args.lr, anchor=args.anchor,
+                    seed=args.seed, share=args.share))
                 t0 = time.monotonic()
-                rec = adapt(model, domain, opts, progress=False, cache=cache)
+                rec = adapt(model, domain, opts, progress=False, cache=cache,
+                            relations=texts if opts.objective == "pseudo" else None)
                 rec["wall_s"] = round(time.monotonic() - t0, 1)
                 print(f"{split} {name}: {rec}", flush=True)
                 records.setdefault(name, {})[split] = rec
@@ -184,6 +206,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["sets"][set_name] = {
             "accuracy": {k: {s: float(np.mean([v[sp][s].mean() for sp in v])) * 100
                              for s in settings} for k, v in rows.items()},
+            "per_split": {k: {sp: {s: float(v[sp][s].mean()) * 100 for s in settings}
+                              for sp in v} for k, v in rows.items()},
             "vs_unadapted": {k: paired(ref, v) for k, v in rows.items() if k != "regrab"},
             "vs_proto_label": {k: paired(rows["proto_label"], v) for k, v in rows.items()
                                if k.startswith("regrab")}}

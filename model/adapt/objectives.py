@@ -17,6 +17,8 @@ the prior and the posterior:
 * ``masked``: the same loss between a sentence and its copy with the entities' words masked
   (:func:`masked_copy`; "learning from context", Peng et al., 2020): a view that differs in
   more than dropout, which pulls the encoding towards the context that states the relation.
+* ``pseudo``: the prior labels the sentences with the relations a team names, and the top
+  layer learns the confident labels (:mod:`model.adapt.pseudo`).
 
 Shapes (letters as in :mod:`model`):
     B sentences of a batch, H model hidden size, D sentence encoding.
@@ -40,9 +42,12 @@ OBJECTIVES = {
                    "sentences pushed away (trains the top layer)",
     "masked": "contrastive between each sentence and its copy with the entities' words masked, "
               "so the encoding learns the context between them (trains the top layer)",
+    "pseudo": "self-training: the prior labels each sentence with one of the relations named "
+              "in --relations, and the top layer learns the confident labels, balanced per "
+              "relation (trains the top layer)",
 }
 #: The objectives that train the top layer (the others fold statistics into it).
-TRAINED = ("contrastive", "masked")
+TRAINED = ("contrastive", "masked", "pseudo")
 
 
 def output_norm(encoder: SentenceEncoder) -> nn.LayerNorm:

@@ -9,7 +9,8 @@ weight changes; otherwise the steps are cut to fit, and the loop stops at the bu
 
 :func:`adapted_checkpoint` is the source checkpoint with the new weights and an
 ``adaptation`` record in its summary (objective, the sentences' digest, steps, budget,
-losses), which the model card prints. The caller writes it (atomically).
+losses; for ``pseudo`` the relations' digest and what was kept), which the model card
+prints. The caller writes it (atomically).
 
 Shapes (letters as in :mod:`model`):
     B sentences of a batch, D sentence encoding.
@@ -38,6 +39,13 @@ from model.adapt.objectives import (
     masked_copy,
     pooled_moments,
 )
+from model.adapt.pseudo import (
+    PseudoTarget,
+    RelationTexts,
+    check_relations,
+    pseudo_labels,
+    relations_digest,
+)
 from model.encoder.frozen_cache import LowerCache, encode_rows
 from model.encoder.tokens import TokenizedSet
 from model.files.checkpoint import Checkpoint
@@ -48,6 +56,9 @@ from pipeline.errors import PipelineError
 #: The objective ``regrab-adapt`` uses unless told otherwise: the best measured on SemEval,
 #: though not by a margin its interval clears (docs/results/domain-adaptation.md).
 DEFAULT_OBJECTIVE = "masked"
+#: The learning rate of an objective when none is given: each the best measured on SemEval
+#: (docs/results/domain-adaptation.md); 1e-4 for the others.
+DEFAULT_LR = {"pseudo": 3e-5}
 #: Sentences timed to estimate the frozen layers' cost per sentence.
 TIMED_SENTENCES = 64
 
@@ -61,25 +72,32 @@ class AdaptOptions:
         minutes: the wall-clock budget on this machine, estimate and loop included.
         steps: the most training steps (``contrastive``; cut to fit ``minutes``).
         batch_size: sentences per step (the contrastive negatives are the batch's others).
-        lr: AdamW learning rate of the top layer.
+        lr: AdamW learning rate of the top layer (None: the objective's, :data:`DEFAULT_LR`).
         temperature: of the InfoNCE softmax over cosines.
         anchor: weight of the squared distance from the starting weights.
         seed: batches and dropout.
+        share: ``pseudo``: at most this share of the sentences is kept as pseudo-labelled,
+            an equal part per relation (:func:`~model.adapt.pseudo.select`).
+        relabel: ``pseudo``: label the sentences again half-way, with the trained encoder.
     """
 
     objective: str = DEFAULT_OBJECTIVE
     minutes: float = 15.0
     steps: int = 200
     batch_size: int = 64
-    lr: float = 1e-4
+    lr: float | None = None
     temperature: float = 0.05
     anchor: float = 0.0
     seed: int = 0
+    share: float = 0.2
+    relabel: bool = True
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise PipelineError(f"objective {self.objective!r} is unknown; use one of "
                                 f"{', '.join(OBJECTIVES)}")
+        if self.lr is None:  # frozen: set the objective's rate once, so records show it
+            object.__setattr__(self, "lr", DEFAULT_LR.get(self.objective, 1e-4))
         for name in ("minutes", "lr", "temperature"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -89,6 +107,13 @@ class AdaptOptions:
                                 "at least 1 step of at least 2 sentences")
         if not (math.isfinite(self.anchor) and self.anchor >= 0):
             raise PipelineError(f"--anchor {self.anchor}: give 0 or a positive number")
+        if not (isinstance(self.share, (int, float)) and 0 < self.share <= 1):
+            raise PipelineError(f"--share {self.share}: give a share above 0 and at most 1")
+
+    @property
+    def rounds(self) -> int:
+        """Times the sentences are labelled (``pseudo``), the first before any step."""
+        return 0 if self.objective != "pseudo" else 1 + self.relabel
 
 
 @dataclass(frozen=True)
@@ -154,11 +179,13 @@ def views(model: FewShotModel, sentences: Sequence[Sentence], objective: str
 
 
 def plan(model: FewShotModel, tokens: TokenizedSet, offset: int, cache: LowerCache,
-         options: AdaptOptions, clock: Callable[[], float] = time.monotonic) -> Plan:
+         options: AdaptOptions, clock: Callable[[], float] = time.monotonic,
+         relations: int = 0) -> Plan:
     """Time the frozen layers on a few sentences and one step here, and fit the work to the
-    budget: every sentence when their pass through the frozen layers and one step fit,
-    otherwise as many as half the budget passes (the steps take the rest); a budget that
-    cannot hold one batch of sentences and one step is refused."""
+    budget: every sentence when their pass through the frozen layers (and, for ``pseudo``,
+    the top layer's labelling passes) and one step fit, otherwise as many as half the budget
+    passes (the steps take the rest); a budget that cannot hold one batch of sentences and
+    one step is refused. ``relations``: how many ``pseudo`` labels with."""
     views_per = 2 if offset else 1
     n = len(tokens) // views_per
     trains = options.objective in TRAINED
@@ -166,9 +193,18 @@ def plan(model: FewShotModel, tokens: TokenizedSet, offset: int, cache: LowerCac
     start = clock()
     cache.states(model.encoder, tokens, np.concatenate([timed, timed + offset]))
     per_sentence = (clock() - start) / len(timed)  # all its views
+    target = None
+    if options.rounds:
+        start = clock()
+        with torch.no_grad():
+            encode_rows(model.encoder, tokens, timed, cache, options.batch_size)
+        per_sentence += (clock() - start) / len(timed) * options.rounds
+        dim = model.prior.fallback.shape[0]
+        target = PseudoTarget(np.zeros(len(tokens), dtype=np.int64), torch.zeros(relations, dim),
+                              "euclidean", 1.0)
     start = clock()
     _step(model, tokens, offset, cache, _Trainer.of(model, options),
-          timed[: options.batch_size], options, update=False)
+          timed[: options.batch_size], options, update=False, target=target)
     step = clock() - start if trains else 0.0
     budget = options.minutes * 60
     keep = n if per_sentence * n + step <= budget else int(
@@ -199,17 +235,21 @@ class _Trainer:
 
 
 def _step(model: FewShotModel, tokens: TokenizedSet, offset: int, cache: LowerCache,
-          trainer: _Trainer, rows: np.ndarray, options: AdaptOptions, update: bool = True
-          ) -> float:
-    """One contrastive step on ``rows`` and their second views (``rows + offset``, under
-    other dropout); returns its InfoNCE loss."""
+          trainer: _Trainer, rows: np.ndarray, options: AdaptOptions, update: bool = True,
+          target: PseudoTarget | None = None) -> float:
+    """One step on ``rows``: contrastive with their second views (``rows + offset``, under
+    other dropout; returns the InfoNCE loss), or with ``target`` the cross-entropy against
+    their pseudo-labels."""
     if options.objective not in TRAINED:
         return 0.0
     encoder = model.encoder
     encoder.train()
     a = encode_rows(encoder, tokens, rows, cache, len(rows))  # (B, D)
-    b = encode_rows(encoder, tokens, rows + offset, cache, len(rows))  # (B, D)
-    loss = info_nce(a, b, options.temperature)
+    if target is not None:
+        loss = target.loss(a, rows)
+    else:
+        b = encode_rows(encoder, tokens, rows + offset, cache, len(rows))  # (B, D)
+        loss = info_nce(a, b, options.temperature)
     total = loss + options.anchor * anchor_penalty(trainer.params, trainer.start)
     trainer.optimizer.zero_grad(set_to_none=True)
     total.backward()
@@ -222,15 +262,18 @@ def _step(model: FewShotModel, tokens: TokenizedSet, offset: int, cache: LowerCa
 
 def adapt(model: FewShotModel, sentences: Sequence[Sentence], options: AdaptOptions,
           progress: bool = True, clock: Callable[[], float] = time.monotonic,
-          say: Callable[[str], None] = print, cache: LowerCache | None = None
-          ) -> dict[str, Any]:
+          say: Callable[[str], None] = print, cache: LowerCache | None = None,
+          relations: RelationTexts | None = None) -> dict[str, Any]:
     """Adapt ``model``'s encoder to ``sentences`` in place; returns the adaptation record.
 
     The record holds the objective, how many sentences and their :func:`digest`, the steps
-    run, the budget and the seconds taken, and the loss (InfoNCE, mean of the first and last
-    tenth of the steps) or the moments folded in. ``cache`` (the frozen layers' outputs) may
-    be shared between models of one encoder.
+    run, the budget and the seconds taken, and the loss (InfoNCE or, for ``pseudo``, the
+    cross-entropy; mean of the first and last tenth of the steps) or the moments folded in.
+    ``cache`` (the frozen layers' outputs) may be shared between models of one encoder.
+    ``relations`` (id -> name, description) are what ``pseudo`` labels with; it needs them.
     """
+    if options.objective == "pseudo":
+        check_relations(model, relations)
     began = clock()
     torch.manual_seed(options.seed)
     rng = np.random.default_rng(options.seed)
@@ -238,7 +281,7 @@ def adapt(model: FewShotModel, sentences: Sequence[Sentence], options: AdaptOpti
     n = len(sentences)
     cache = cache if cache is not None else LowerCache()
     model.eval()
-    fitted = plan(model, tokens, offset, cache, options, clock)
+    fitted = plan(model, tokens, offset, cache, options, clock, len(relations or ()))
     given = n
     if fitted.sentences < n:
         drawn = np.sort(rng.choice(n, size=fitted.sentences, replace=False))
@@ -258,6 +301,14 @@ def adapt(model: FewShotModel, sentences: Sequence[Sentence], options: AdaptOpti
         "digest": digest(sentences), "budget_minutes": options.minutes,
         "options": dataclasses.asdict(options),
     }
+    target, pool, rounds = None, np.arange(n), []
+    if options.rounds:
+        record.update(relations=len(relations), relations_digest=relations_digest(relations))
+        target, stats = pseudo_labels(model, tokens, cache, relations, options.share,
+                                      options.seed)
+        pool = target.kept
+        rounds.append(stats)
+        record["labelling"] = rounds
     if options.objective in ("centre", "whiten"):
         mu, sigma, count = pooled_moments(model.encoder, tokens, cache)
         fold_moments(model.encoder, mu, sigma if options.objective == "whiten" else None)
@@ -267,17 +318,27 @@ def adapt(model: FewShotModel, sentences: Sequence[Sentence], options: AdaptOpti
         trainer = _Trainer.of(model, options)
         losses: list[float] = []
         deadline = began + options.minutes * 60
-        batch = min(options.batch_size, n)
-        for _ in tqdm(range(fitted.steps), desc="adapt", unit="step", disable=not progress):
+        for i in tqdm(range(fitted.steps), desc="adapt", unit="step", disable=not progress):
             if clock() > deadline:
                 break
-            rows = rng.choice(n, size=batch, replace=False)
-            losses.append(_step(model, tokens, offset, cache, trainer, rows, options))
+            if target is not None and options.relabel and i == fitted.steps // 2 and i > 0:
+                before = target.labels
+                target, stats = pseudo_labels(model, tokens, cache, relations, options.share,
+                                              options.seed)
+                both = (before >= 0) & (target.labels >= 0)
+                stats["same_label"] = round(float((before[both] == target.labels[both]).mean()
+                                                  if both.any() else 0.0), 4)
+                pool = target.kept
+                rounds.append(stats)
+            rows = rng.choice(pool, size=min(options.batch_size, len(pool)), replace=False)
+            losses.append(_step(model, tokens, offset, cache, trainer, rows, options,
+                                target=target))
             if not math.isfinite(losses[-1]):
-                raise PipelineError(f"the contrastive loss became {losses[-1]} at step "
+                raise PipelineError(f"the training loss became {losses[-1]} at step "
                                     f"{len(losses)}; lower --lr")
         tenth = max(1, len(losses) // 10)
-        record.update(steps=len(losses), loss_first=float(np.mean(losses[:tenth])),
+        record.update(steps=len(losses), loss="cross-entropy" if target is not None else
+                      "InfoNCE", loss_first=float(np.mean(losses[:tenth])),
                       loss_last=float(np.mean(losses[-tenth:])))
     model.eval()
     record["seconds"] = round(clock() - began, 1)

@@ -287,11 +287,14 @@ def adaptation_lines(records: Any) -> list[str]:
              "before it.", ""]
     for r in records:
         r = r if isinstance(r, dict) else {}
-        loss = (f", InfoNCE {r['loss_first']:.4f} to {r['loss_last']:.4f}"
+        loss = (f", {r.get('loss', 'InfoNCE')} {r['loss_first']:.4f} to {r['loss_last']:.4f}"
                 if isinstance(r.get("loss_first"), float) else "")
+        named = (f", labelled by the prior with {r.get('relations')} relations (sha256 "
+                 f"`{r.get('relations_sha256') or r.get('relations_digest')}`)"
+                 if r.get("relations") else "")
         lines.append(f"- `{r.get('objective')}` on {r.get('sentences')} sentences (sha256 "
-                     f"`{r.get('digest')}`), {r.get('steps')} steps in {r.get('seconds')} s "
-                     f"of a {r.get('budget_minutes')} min budget{loss}")
+                     f"`{r.get('digest')}`){named}, {r.get('steps')} steps in "
+                     f"{r.get('seconds')} s of a {r.get('budget_minutes')} min budget{loss}")
     return [*lines, ""]
 
 

@@ -1,6 +1,7 @@
 """``regrab-adapt``: a user's sentences in, an adapted checkpoint out; bad input is one
 ``error:`` line with nothing written, and an interrupted run leaves no file behind."""
 
+import hashlib
 import json
 
 import pytest
@@ -87,7 +88,8 @@ def test_a_budget_that_cannot_fit_one_step_is_one_line(files, tmp_path, capsys):
     assert "cannot fit one step" in err and "--minutes" in err and not out.exists()
 
 
-@pytest.mark.parametrize("bad", [["--minutes", "-1"], ["--lr", "0"], ["--seed", "-1"]])
+@pytest.mark.parametrize("bad", [["--minutes", "-1"], ["--lr", "0"], ["--seed", "-1"],
+                                 ["--share", "0"], ["--share", "1.5"]])
 def test_bad_numbers_are_one_line(files, tmp_path, capsys, bad):
     out = tmp_path / "out.safetensors"
     _one_error(capsys, lambda: command.main(_argv(files, files["marked"], out, *bad)))
@@ -120,4 +122,75 @@ def test_an_interrupted_adaptation_leaves_no_file(files, tmp_path, capsys, monke
         command.main(_argv(files, files["marked"], out, "--steps", "5"))
     assert exc.value.code == 130
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _relations(root, texts):
+    path = root / "relations.json"
+    path.write_text(json.dumps(texts))
+    return path
+
+
+def test_pseudo_reads_the_relations_and_records_their_file(files, tmp_path, capsys):
+    rel = _relations(tmp_path, {"R1": ["verb1", "w1 verb1 w2"], "R2": ["verb2"],
+                                "R3": ["verb3", ""]})
+    out = tmp_path / "adapted.safetensors"
+    record = command.run(_argv(files, files["marked"], out, "--objective", "pseudo",
+                               "--relations", str(rel), "--share", "0.5"))
+    assert "adapted by pseudo to 18 sentences" in capsys.readouterr().out
+    _, ckpt = load_model(out)
+    stored = ckpt.summary["adaptation"][-1]
+    assert stored["relations"] == 3 and stored["loss"] == "cross-entropy"
+    assert stored["relations_sha256"] == record["relations_sha256"] == hashlib.sha256(
+        rel.read_bytes()).hexdigest()
+    assert stored["labelling"][0]["most_per_relation"] <= 3  # ceil(0.5 * 18 / 3)
+    card = "\n".join(adaptation_lines(ckpt.summary["adaptation"]))
+    assert "labelled by the prior with 3 relations" in card and "cross-entropy" in card
+
+
+def test_pseudo_without_relations_and_relations_without_pseudo_are_one_line(files, tmp_path,
+                                                                           capsys):
+    out = tmp_path / "out.safetensors"
+    err = _one_error(capsys, lambda: command.main(
+        _argv(files, files["marked"], out, "--objective", "pseudo")))
+    assert "--relations FILE" in err
+    rel = _relations(tmp_path, {"R1": ["verb1"], "R2": ["verb2"]})
+    err = _one_error(capsys, lambda: command.main(
+        _argv(files, files["marked"], out, "--relations", str(rel))))
+    assert "pseudo only" in err
+    assert list(tmp_path.iterdir()) == [rel]
+
+
+@pytest.mark.parametrize("content", ['{"R1": ["verb1"]}', '{"R1": [""], "R2": ["verb2"]}',
+                                     "not json", None])
+def test_bad_relations_are_one_line(files, tmp_path, capsys, content):
+    rel = tmp_path / "relations.json"
+    if content is not None:
+        rel.write_text(content)
+    out = tmp_path / "out.safetensors"
+    err = _one_error(capsys, lambda: command.main(
+        _argv(files, files["marked"], out, "--objective", "pseudo", "--relations", str(rel))))
+    assert "--relations" in err or "relation" in err
+    assert not out.exists()
+
+
+def test_an_interrupted_pseudo_run_leaves_no_file(files, tmp_path, capsys, monkeypatch):
+    import model.adapt.run as run
+
+    rel = _relations(files["root"], {"R1": ["verb1"], "R2": ["verb2"]})
+    labelled = []
+    first = run.pseudo_labels
+
+    def interrupted(*args, **kwargs):
+        labelled.append(1)
+        if len(labelled) > 1:  # Ctrl-C while labelling again half-way
+            raise KeyboardInterrupt
+        return first(*args, **kwargs)
+
+    monkeypatch.setattr(run, "pseudo_labels", interrupted)
+    out = tmp_path / "out.safetensors"
+    with pytest.raises(SystemExit) as exc:
+        command.main(_argv(files, files["marked"], out, "--steps", "4", "--objective", "pseudo",
+                           "--relations", str(rel)))
+    assert exc.value.code == 130 and len(labelled) == 2
     assert list(tmp_path.iterdir()) == []
