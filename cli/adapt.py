@@ -111,8 +111,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "optional), JSONL or Parquet records as regrab-predict reads queries")
     p.add_argument("--out", type=Path, required=True,
                    help="the adapted checkpoint (.safetensors), written atomically at the end")
-    p.add_argument("--objective", choices=list(OBJECTIVES), default=DEFAULT_OBJECTIVE,
-                   help=f"how to adapt (default {DEFAULT_OBJECTIVE})")
+    p.add_argument("--objective", choices=list(OBJECTIVES), default=None,
+                   help=f"how to adapt (default: pseudo with --relations, else "
+                        f"{DEFAULT_OBJECTIVE})")
     defaults = AdaptOptions()
     p.add_argument("--minutes", type=float, default=defaults.minutes,
                    help=f"time budget on this machine (default {defaults.minutes:g})")
@@ -139,6 +140,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     check_seed(args.seed)
     check_threads(args.threads)
+    if args.objective is None:  # the relations a user names are read by pseudo only
+        args.objective = DEFAULT_OBJECTIVE if args.relations is None else "pseudo"
     args.options = AdaptOptions(objective=args.objective, minutes=args.minutes,
                                 steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                                 seed=args.seed, share=args.share)

@@ -156,9 +156,16 @@ def test_pseudo_without_relations_and_relations_without_pseudo_are_one_line(file
     assert "--relations FILE" in err
     rel = _relations(tmp_path, {"R1": ["verb1"], "R2": ["verb2"]})
     err = _one_error(capsys, lambda: command.main(
-        _argv(files, files["marked"], out, "--relations", str(rel))))
+        _argv(files, files["marked"], out, "--relations", str(rel), "--objective", "masked")))
     assert "pseudo only" in err
     assert list(tmp_path.iterdir()) == [rel]
+
+
+def test_relations_without_an_objective_choose_pseudo(files, tmp_path, capsys):
+    rel = _relations(tmp_path, {"R1": ["verb1"], "R2": ["verb2"], "R3": ["verb3"]})
+    out = tmp_path / "adapted.safetensors"
+    command.run(_argv(files, files["marked"], out, "--relations", str(rel), "--steps", "2"))
+    assert "adapted by pseudo" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("content", ['{"R1": ["verb1"]}', '{"R1": [""], "R2": ["verb2"]}',
