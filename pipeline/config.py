@@ -20,7 +20,9 @@ carries its help (``field(doc=...)``), the source of ``docs/configuration.md``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 import operator
 import os
@@ -61,14 +63,20 @@ def field(*, ge: float | None = None, gt: float | None = None, le: float | None 
                              metadata={"limits": limits, "doc": doc, "match": match})
 
 
+@functools.lru_cache(maxsize=16)
+def _parsed(text: str) -> Any:
+    """A params file's text parsed, once per text: the params check reads the same file for
+    every section and check (35 times, half its CPU), and each caller gets its own copy."""
+    return yaml.safe_load(text) or {}
+
+
 def load_params(path: str | os.PathLike[str] = "params.yaml", section: str | None = None) -> Any:
     """Load ``params.yaml`` (or one raw section of it); see :func:`load_section` for typed."""
     path = Path(path)
     if not path.exists():
         raise PipelineError(f"{path} not found; run from the project root or pass --params")
     try:
-        with path.open() as fh:
-            params = yaml.safe_load(fh) or {}
+        params = copy.deepcopy(_parsed(path.read_text()))
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""

@@ -378,3 +378,21 @@ def test_every_field_has_help():
     for name, found in all_sections().items():
         visit(found.schema, name)
     assert missing == []
+
+
+def test_load_params_parses_a_text_once_and_hands_out_copies(tmp_path, monkeypatch):
+    import yaml
+
+    from pipeline import config
+
+    calls = []
+    real = yaml.safe_load
+    monkeypatch.setattr(config.yaml, "safe_load", lambda text: calls.append(1) or real(text))
+    config._parsed.cache_clear()
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  steps: 3\n")
+    first = config.load_params(path)
+    first["train"]["steps"] = 99  # a caller's change stays its own
+    assert config.load_params(path) == {"train": {"steps": 3}} and len(calls) == 1
+    path.write_text("train:\n  steps: 4\n")  # same size, new text: read again
+    assert config.load_params(path, "train") == {"steps": 4} and len(calls) == 2
