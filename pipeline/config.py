@@ -66,7 +66,8 @@ def field(*, ge: float | None = None, gt: float | None = None, le: float | None 
 @functools.lru_cache(maxsize=16)
 def _parsed(text: str) -> Any:
     """A params file's text parsed, once per text: the params check reads the same file for
-    every section and check (35 times, half its CPU), and each caller gets its own copy."""
+    every section and check (35 times: a quarter of its CPU), and each caller gets its own
+    copy."""
     return yaml.safe_load(text) or {}
 
 
